@@ -1,0 +1,361 @@
+/* SPDX-License-Identifier: MIT */
+#include "context.h"
+
+#include <endian.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+namespace shmverbs {
+
+static_assert(std::is_standard_layout_v<Context>, "ibv_context* is converted back with offsetof");
+
+Context *Context::from(struct ibv_context *ctx)
+{
+	auto *vctx = reinterpret_cast<struct verbs_context *>(
+		reinterpret_cast<char *>(ctx) - offsetof(struct verbs_context, context));
+	return reinterpret_cast<Context *>(reinterpret_cast<char *>(vctx) - offsetof(Context, vctx));
+}
+
+Context *to_context(struct ibv_context *ctx)
+{
+	if (!ctx || !to_device(ctx->device))
+		return nullptr;
+	return Context::from(ctx);
+}
+
+namespace {
+
+/* The object an event names, or nullptr for port and device events. */
+const void *event_object(const struct ibv_async_event &e)
+{
+	switch (e.event_type) {
+	case IBV_EVENT_CQ_ERR:
+		return e.element.cq;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		return e.element.qp;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		return e.element.srq;
+	case IBV_EVENT_WQ_FATAL:
+		return e.element.wq;
+	default:
+		return nullptr;
+	}
+}
+
+/* The context of the object an event names, via the ABI struct's ->context. */
+struct ibv_context *event_context(const struct ibv_async_event &e)
+{
+	switch (e.event_type) {
+	case IBV_EVENT_CQ_ERR:
+		return e.element.cq ? e.element.cq->context : nullptr;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		return e.element.srq ? e.element.srq->context : nullptr;
+	case IBV_EVENT_WQ_FATAL:
+		return e.element.wq ? e.element.wq->context : nullptr;
+	default:
+		break;
+	}
+	if (event_object(e))
+		return e.element.qp->context;
+	return nullptr;
+}
+
+} // namespace
+
+void Context::add_event_source(const void *object, AsyncEventCounter *counter)
+{
+	std::lock_guard guard(event_lock);
+	event_sources[object] = counter;
+}
+
+void Context::remove_event_source(const void *object)
+{
+	std::lock_guard guard(event_lock);
+	event_sources.erase(object);
+}
+
+bool ack_async_event(const struct ibv_async_event &event)
+{
+	const void *object = event_object(event);
+	if (!object)
+		return true; /* port and device events need no acknowledgement */
+	Context *ctx = to_context(event_context(event));
+	if (!ctx)
+		return false;
+	AsyncEventCounter *counter = nullptr;
+	{
+		std::lock_guard guard(ctx->event_lock);
+		auto it = ctx->event_sources.find(object);
+		if (it != ctx->event_sources.end())
+			counter = it->second;
+	}
+	if (counter)
+		counter->ack();
+	return true;
+}
+
+void Context::post_async_event(const struct ibv_async_event &event)
+{
+	{
+		std::lock_guard guard(event_lock);
+		if (const void *object = event_object(event)) {
+			auto it = event_sources.find(object);
+			if (it != event_sources.end())
+				it->second->report();
+		}
+		events.push_back(event);
+	}
+	uint64_t one = 1;
+	/* A semaphore eventfd cannot overflow at our rates; a failed write
+	 * would only mean the counter is already saturated. */
+	[[maybe_unused]] ssize_t n = ::write(vctx.context.async_fd, &one, sizeof(one));
+}
+
+int Context::get_async_event(struct ibv_async_event &event)
+{
+	uint64_t token;
+	/* One read consumes one queued event (EFD_SEMAPHORE); it blocks or
+	 * fails with EAGAIN according to the O_NONBLOCK flag the application
+	 * may have set on async_fd. */
+	for (;;) {
+		ssize_t n = ::read(vctx.context.async_fd, &token, sizeof(token));
+		if (n == sizeof(token))
+			break;
+		if (n < 0 && errno == EINTR)
+			continue;
+		return n < 0 ? errno : EIO;
+	}
+	std::lock_guard guard(event_lock);
+	event = events.front();
+	events.pop_front();
+	return 0;
+}
+
+void AsyncEventCounter::report()
+{
+	std::lock_guard guard(lock);
+	reported++;
+}
+
+void AsyncEventCounter::ack()
+{
+	std::lock_guard guard(lock);
+	completed++;
+	acked.notify_all();
+}
+
+void AsyncEventCounter::wait_all_acked()
+{
+	std::unique_lock guard(lock);
+	acked.wait(guard, [this] { return completed == reported; });
+}
+
+Result<Context> open_context(Device &dev)
+{
+	auto *ctx = new (std::nothrow) Context{};
+	if (!ctx)
+		return Err{ENOMEM};
+	struct ibv_context &c = ctx->vctx.context;
+	c.device = &dev.ibv;
+	c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+	c.num_comp_vectors = 1;
+	ctx->vctx.sz = sizeof(ctx->vctx);
+	ctx->device = &dev;
+	pthread_mutex_init(&c.mutex, nullptr);
+
+	c.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+	/* cmd_fd stands for the uverbs command fd; programs only pass it to
+	 * ibv_import_device() or poll it, so an idle eventfd serves. */
+	c.cmd_fd = eventfd(0, EFD_CLOEXEC);
+	if (c.async_fd < 0 || c.cmd_fd < 0) {
+		int err = errno;
+		if (c.async_fd >= 0)
+			::close(c.async_fd);
+		if (c.cmd_fd >= 0)
+			::close(c.cmd_fd);
+		delete ctx;
+		return Err{err};
+	}
+	return ctx;
+}
+
+int close_context(Context &ctx)
+{
+	::close(ctx.vctx.context.async_fd);
+	::close(ctx.vctx.context.cmd_fd);
+	pthread_mutex_destroy(&ctx.vctx.context.mutex);
+	delete &ctx;
+	return 0;
+}
+
+int query_device(Context &ctx, struct ibv_device_attr &attr)
+{
+	attr = ctx.device->device_attr();
+	return 0;
+}
+
+int query_device_ex(Context &ctx, const struct ibv_query_device_ex_input *input,
+		    struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	if (!attr || (input && input->comp_mask))
+		return EINVAL;
+	if (attr_size < sizeof(attr->orig_attr))
+		return EINVAL;
+
+	struct ibv_device_attr_ex full{};
+	full.orig_attr = ctx.device->device_attr();
+	full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
+	full.max_dm_size = 0;
+	full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+	full.cq_mod_caps.max_cq_count = 0xffff;
+	full.cq_mod_caps.max_cq_period = 0xfff;
+	/* A 1 GHz free-running clock: completion timestamps are nanoseconds. */
+	full.hca_core_clock = 1000000;
+	full.completion_timestamp_mask = ~0ull;
+	full.max_wq_type_rq = 0;
+
+	std::memset(attr, 0, attr_size);
+	std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
+	return 0;
+}
+
+int query_port(Context &ctx, uint8_t port_num, struct ibv_port_attr *attr, size_t attr_len)
+{
+	const Port *port = ctx.device->port(port_num);
+	if (!port || !attr)
+		return EINVAL;
+	std::memset(attr, 0, attr_len);
+	std::memcpy(attr, &port->attr, std::min(attr_len, sizeof(port->attr)));
+	return 0;
+}
+
+namespace {
+
+const GidEntry *gid_at(Context &ctx, uint32_t port_num, uint32_t index, int &err)
+{
+	const Port *port = port_num <= 0xff ? ctx.device->port(static_cast<uint8_t>(port_num))
+					    : nullptr;
+	if (!port || index >= port->gids.size()) {
+		err = EINVAL;
+		return nullptr;
+	}
+	err = 0;
+	return &port->gids[index];
+}
+
+void fill_gid_entry(const GidEntry &g, uint32_t port_num, uint32_t index,
+		    struct ibv_gid_entry &out)
+{
+	out = {};
+	out.gid = g.gid;
+	out.gid_index = index;
+	out.port_num = port_num;
+	out.gid_type = g.gid_type;
+	out.ndev_ifindex = 0;
+}
+
+} // namespace
+
+int query_gid(Context &ctx, uint8_t port_num, int index, union ibv_gid &gid)
+{
+	int err;
+	if (index < 0)
+		return EINVAL;
+	const GidEntry *g = gid_at(ctx, port_num, static_cast<uint32_t>(index), err);
+	if (!g)
+		return err;
+	if (g->valid)
+		gid = g->gid;
+	else
+		std::memset(&gid, 0, sizeof(gid));
+	return 0;
+}
+
+int query_gid_ex(Context &ctx, uint32_t port_num, uint32_t gid_index,
+		 struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+	if (!entry || flags)
+		return flags ? EOPNOTSUPP : EINVAL;
+	if (entry_size < sizeof(struct ibv_gid_entry))
+		return EINVAL;
+	int err;
+	const GidEntry *g = gid_at(ctx, port_num, gid_index, err);
+	if (!g)
+		return err;
+	if (!g->valid)
+		return ENODATA;
+	fill_gid_entry(*g, port_num, gid_index, *entry);
+	return 0;
+}
+
+ssize_t query_gid_table(Context &ctx, struct ibv_gid_entry *entries, size_t max_entries,
+			uint32_t flags, size_t entry_size)
+{
+	if (flags)
+		return -EOPNOTSUPP;
+	if (entry_size < sizeof(struct ibv_gid_entry) || (!entries && max_entries))
+		return -EINVAL;
+	size_t n = 0;
+	for (const Port &port : ctx.device->ports) {
+		for (uint32_t i = 0; i < port.gids.size(); i++) {
+			if (!port.gids[i].valid)
+				continue;
+			if (n == max_entries)
+				return -EINVAL;
+			auto *out = reinterpret_cast<struct ibv_gid_entry *>(
+				reinterpret_cast<char *>(entries) + n * entry_size);
+			fill_gid_entry(port.gids[i], port.port_num, i, *out);
+			n++;
+		}
+	}
+	return static_cast<ssize_t>(n);
+}
+
+int query_gid_type(Context &ctx, uint8_t port_num, unsigned index, enum ibv_gid_type &type)
+{
+	int err;
+	const GidEntry *g = gid_at(ctx, port_num, index, err);
+	if (!g)
+		return err;
+	type = g->valid ? g->gid_type : IBV_GID_TYPE_IB;
+	return 0;
+}
+
+int query_pkey(Context &ctx, uint8_t port_num, int index, __be16 &pkey)
+{
+	const Port *port = ctx.device->port(port_num);
+	if (!port || index < 0 || size_t(index) >= port->pkeys.size())
+		return EINVAL;
+	pkey = htobe16(port->pkeys[index]);
+	return 0;
+}
+
+int get_pkey_index(Context &ctx, uint8_t port_num, __be16 pkey)
+{
+	const Port *port = ctx.device->port(port_num);
+	if (!port)
+		return -EINVAL;
+	uint16_t want = be16toh(pkey);
+	for (size_t i = 0; i < port->pkeys.size(); i++)
+		if (port->pkeys[i] == want)
+			return static_cast<int>(i);
+	return -ENOENT;
+}
+
+} // namespace shmverbs

@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A device profile decides what an emulated device claims to be: its identity
+ * (vendor, part id, firmware), its limits, and how it rounds the capacities an
+ * application asks for. The rounding is observable through the verbs (a QP's
+ * returned cap, a CQ's cqe), so each profile reproduces a real provider:
+ *
+ *   mlx5   libmlx5 of rdma-core 44 on a ConnectX-5 (the default)
+ *   rxe    Soft-RoCE: every queue 2^k - 1
+ *   exact  returns exactly what was asked for (still checks the limits)
+ */
+#pragma once
+
+#include "config.h"
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+namespace shmverbs {
+
+/* What a QP asks for; the profile answers with the capacities it grants. */
+struct QpSizing {
+	enum ibv_qp_type qp_type;
+	struct ibv_qp_cap cap;
+	bool has_srq;
+	/* IBV_QP_EX_WITH_* bits; 0 when the application did not pass any, in
+	 * which case the profile assumes the default set for the QP type. */
+	uint64_t send_ops_flags;
+	bool is_dci; /* mlx5dv DC initiator */
+};
+
+class Profile {
+public:
+	virtual ~Profile() = default;
+
+	virtual const char *name() const = 0;
+
+	/* Identity and limits. GUIDs and the port count are filled by Device. */
+	virtual struct ibv_device_attr device_attr() const = 0;
+	/* A port's static attributes for the given link layer (lid, state and
+	 * GUID-derived values are filled by Device). */
+	virtual struct ibv_port_attr port_attr(LinkLayer ll) const = 0;
+	virtual const char *fw_ver() const = 0;
+
+	/* Capacity rounding. Each returns 0 and fills the granted values, or
+	 * EINVAL when the request exceeds what the device supports. */
+	virtual int size_qp(const QpSizing &in, struct ibv_qp_cap &out) const = 0;
+	virtual int size_cq(uint32_t cqe, uint32_t &out) const = 0;
+	virtual int size_srq(uint32_t max_wr, uint32_t max_sge, uint32_t &wr_out,
+			     uint32_t &sge_out) const = 0;
+
+	static const Profile &get(ProfileKind kind);
+};
+
+} // namespace shmverbs
