@@ -15,6 +15,10 @@ namespace shmverbs {
 struct Xrcd {
 	struct ibv_xrcd ibv; /* first: ibv_xrcd* <-> Xrcd* */
 	UseCount uses;       /* XRC SRQs and XRC_RECV QPs in this domain */
+	/* Identifies the shared domain: handles opened on the same file (same
+	 * inode) in any context of this process share it, as they share one
+	 * kernel xrcd; an anonymous domain (fd -1) gets a fresh value. */
+	uint64_t domain;
 	/* --- family-private state below (lib/srq.cpp) --- */
 
 	struct ibv_xrcd *abi() { return &ibv; }
