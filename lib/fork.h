@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fork() protection of registered memory: ibv_fork_init(),
+ * ibv_dontfork_range() and ibv_dofork_range().
+ *
+ * A real HCA keeps DMA-ing into the physical pages it pinned, so a parent
+ * that forks and then writes to a registered buffer would get a copy-on-write
+ * page the HCA never sees. libibverbs therefore marks registered ranges
+ * MADV_DONTFORK after ibv_fork_init(). Registrations overlap (two MRs on one
+ * page), so each page carries a count of the registrations that cover it:
+ * the first one advises DONTFORK, the last one to go advises DOFORK.
+ *
+ * The emulation itself needs none of this (it reaches memory through the
+ * process's virtual addresses, never through pinned pages), which is why
+ * ibv_is_fork_initialized() reports IBV_FORK_UNNEEDED, as rdma-core 44 does on
+ * a kernel with copy-on-fork for pinned pages. The ranges are still tracked
+ * and advised exactly as rdma-core does, because a program can observe them
+ * (a child does not see DONTFORK pages) and may rely on that.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+namespace shmverbs {
+
+class ForkRanges {
+public:
+	/* madvise(2)-shaped: 0, or -1 with errno. Replaceable for tests. */
+	using Advise = int (*)(void *addr, size_t length, int advice);
+	/* The page size of the mapping that holds addr (huge-page aware). */
+	using PageSizeOf = size_t (*)(const void *addr);
+
+	ForkRanges(Advise advise, PageSizeOf page_size_of);
+
+	/* ibv_fork_init(): 0, EINVAL when a range was already registered
+	 * without protection (too late to start), ENOSYS when the kernel has
+	 * no MADV_DONTFORK, ENOMEM. huge_pages is RDMAV_HUGEPAGES_SAFE. */
+	int init(bool huge_pages);
+	bool initialized() const;
+
+	/* 0, or -1 with errno when an madvise failed (nothing changed then).
+	 * Before init() they only remember that it is now too late. */
+	int dontfork(void *base, size_t size);
+	int dofork(void *base, size_t size);
+
+	/* How many registrations cover addr (for tests). */
+	uint32_t count_at(uintptr_t addr) const;
+	/* Number of stored segments, i.e. maximal runs of equal count. */
+	size_t segments() const;
+
+private:
+	struct Segment {
+		uintptr_t end; /* exclusive */
+		uint32_t count;
+	};
+
+	/* [start, end) page-aligned around [base, base + size). */
+	void page_bounds(void *base, size_t size, uintptr_t &start, uintptr_t &end) const;
+	/* Splits the segment containing addr so that a segment starts there. */
+	void split_at(uintptr_t addr);
+	void merge_around(uintptr_t start, uintptr_t end);
+	/* Adds delta to every page of [start, end); pages at 0 stay 0 when
+	 * delta is negative. */
+	void add(uintptr_t start, uintptr_t end, int delta);
+
+	Advise advise_;
+	PageSizeOf page_size_of_;
+	mutable std::mutex lock_;
+	bool initialized_ = false;
+	bool too_late_ = false;
+	bool huge_pages_ = false;
+	size_t page_size_ = 0;
+	/* Disjoint segments with count > 0, keyed by start. */
+	std::map<uintptr_t, Segment> segments_;
+};
+
+/* The process-wide instance behind the exported verbs. The first use applies
+ * RDMAV_FORK_SAFE / IBV_FORK_SAFE (set and not "0"), which rdma-core applies
+ * when the library initialises. */
+ForkRanges &process_fork_ranges();
+
+/* rdma-core's reading of a boolean environment variable: set and not "0". */
+bool env_flag(const char *name);
+
+} // namespace shmverbs
