@@ -24,6 +24,9 @@ const char *shmverbs_version(void);
 /* Returns 1 when @context was opened on an emulated shmverbs device, 0 otherwise. */
 int shmverbs_is_emulated(struct ibv_context *context);
 
+/* Returns 1 when @device is an emulated shmverbs device, 0 otherwise. */
+int shmverbs_is_emulated_device(struct ibv_device *device);
+
 #ifdef __cplusplus
 }
 #endif
