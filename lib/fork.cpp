@@ -204,9 +204,11 @@ int ForkRanges::dontfork(void *base, size_t size)
 		if (advise_(reinterpret_cast<void *>(holes[i].start), holes[i].end - holes[i].start,
 			    MADV_DONTFORK) == 0)
 			continue;
-		/* Undo what this call advised so far; the counts are untouched. */
+		/* Undo what this call advised, the failed span included: madvise
+		 * applies to the mapped part of a range before it reports the
+		 * unmapped rest. The counts are untouched. */
 		int err = errno;
-		for (size_t j = 0; j < i; j++)
+		for (size_t j = 0; j <= i; j++)
 			advise_(reinterpret_cast<void *>(holes[j].start),
 				holes[j].end - holes[j].start, MADV_DOFORK);
 		errno = err;
