@@ -25,6 +25,7 @@
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cerrno>
 #include <sys/types.h>
 #include <type_traits>
@@ -108,12 +109,18 @@ inline void *next_symbol(const char *name, const char *version)
 
 } // namespace shmverbs::dv
 
-/* The real definition of an exported name, looked up once per call site. */
+/* The real definition of an exported name. Found once per call site; a miss
+ * is retried on the next call, since a program may dlopen() the real vendor
+ * library (as pyverbs' provider modules do) after our first call. */
 #define SHMV_DV_NEXT(name, version)                                                      \
 	([]() -> decltype(&::name) {                                                     \
-		static const auto fp = reinterpret_cast<decltype(&::name)>(             \
+		static std::atomic<decltype(&::name)> fp{nullptr};                       \
+		if (auto found = fp.load(std::memory_order_acquire))                     \
+			return found;                                                    \
+		auto found = reinterpret_cast<decltype(&::name)>(                        \
 			shmverbs::dv::next_symbol(#name, version));                      \
-		return fp;                                                               \
+		fp.store(found, std::memory_order_release);                              \
+		return found;                                                            \
 	}())
 
 /*

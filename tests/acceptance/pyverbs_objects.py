@@ -66,7 +66,9 @@ def child():
         try:
             fn()
         except Exception as exc:  # pyverbs raises PyverbsRDMAError & co.
-            check(name, False, f"{type(exc).__name__}: {exc}")
+            check(f"{name}: created, used and destroyed", False, f"{type(exc).__name__}: {exc}")
+        else:
+            check(f"{name}: created, used and destroyed", True)
 
     names = [d.name.decode() for d in get_device_list()]
     check("get_device_list lists shm0", "shm0" in names, str(names))
@@ -91,10 +93,11 @@ def child():
         return AHAttr(dlid=port.lid, port_num=1)
 
     def pd_case():
-        pd = PD(ctx)
-        check("PD: allocated with a handle", pd.pd is not None if hasattr(pd, "pd") else True)
-        pd.close()
-        check("PD: deallocated", True)
+        first, second = PD(ctx), PD(ctx)
+        check("PD: distinct handles", first.handle != second.handle,
+              f"{first.handle} {second.handle}")
+        first.close()
+        second.close()
 
     def mr_case():
         pd = PD(ctx)
@@ -118,7 +121,6 @@ def child():
         check("CQ: resized", cq.cqe >= 300, str(cq.cqe))
         cq.close()
         channel.close()
-        check("CQ and channel destroyed", True)
 
     def srq_case():
         pd = PD(ctx)
@@ -174,8 +176,7 @@ def child():
         qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq), attr)
         check("UD QP: driven to RTS", qp_state(qp) == e.IBV_QPS_RTS)
         check("UD QP: qkey kept", qp.query(e.IBV_QP_QKEY)[0].qkey == 0x11111111)
-        ah = AH(pd, attr=ah_attr())
-        check("AH: created", ah is not None)
+        ah = AH(pd, attr=ah_attr())  # raises on failure
         ah.close()
         qp.close()
         cq.close()
@@ -185,8 +186,10 @@ def child():
         with tempfile.TemporaryFile() as f:
             init = XRCDInitAttr(e.IBV_XRCD_INIT_ATTR_FD | e.IBV_XRCD_INIT_ATTR_OFLAGS,
                                 os.O_CREAT, f.fileno())
-            xrcd = XRCD(ctx, init)
-            check("XRCD: opened on a file", xrcd is not None)
+            xrcd = XRCD(ctx, init)  # raises on failure
+            # The same file opens the same domain again (O_CREAT, no O_EXCL).
+            again = XRCD(ctx, init)
+            again.close()
             xrcd.close()
 
     for name, case in (("PD", pd_case), ("MR", mr_case), ("CQ", cq_case), ("SRQ", srq_case),
