@@ -190,11 +190,10 @@ SHMV_EXPORT enum ibv_rate mbps_to_ibv_rate(int mbps)
 }
 
 /* ---------------------------------------------------------------------------
- * fork() protection (lib/fork.h). The ranges are process-wide, like
- * rdma-core's, so they are shared with the real libibverbs' objects only in
- * the sense that both advise the same pages: the kernel's advice is per page
- * and idempotent, so the two counts cannot undo each other's DONTFORK early
- * for pages registered with both.
+ * fork() protection (lib/fork.h): one process-wide set of counted ranges,
+ * like rdma-core's. Under LD_PRELOAD these exports also serve the real
+ * libibverbs and its providers (they resolve to us), so the counts cover
+ * the real device's registrations too.
  */
 
 SHMV_EXPORT int ibv_fork_init(void)
