@@ -31,6 +31,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <new>
 #include <string>
@@ -184,17 +185,22 @@ Result<Xrcd> open_named_xrcd(Context &ctx, int fd, int oflags)
 
 	std::lock_guard guard(registry_lock);
 	int marker = -1;
-	if (!xrcd_dir().empty()) {
-		if (int err = open_marker(marker_path(ctx, key), marker)) {
+	const std::string path = xrcd_dir().empty() ? std::string() : marker_path(ctx, key);
+	if (!path.empty()) {
+		if (int err = open_marker(path, marker)) {
 			log_debug("XRCD marker unavailable (%s): sharing within this process only",
 				  strerror(err));
 			marker = -1;
 		}
 	}
-	/* Closing the marker fd drops the table byte (and any member lock). */
+	/* A failed open leaves no marker behind unless the domain exists;
+	 * closing the marker fd drops the table byte. */
 	auto fail = [&](int err) -> Result<Xrcd> {
-		if (marker >= 0)
+		if (marker >= 0) {
+			if (!others_are_members(marker))
+				::unlink(path.c_str());
 			::close(marker);
+		}
 		return Err{err};
 	};
 
