@@ -9,7 +9,54 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
+#include <deque>
+#include <mutex>
+
 namespace shmverbs {
+
+struct Cq;
+
+/*
+ * A completion channel: the fd an application sleeps on in ibv_get_cq_event().
+ * The fd is a semaphore eventfd (like Context's async_fd) so that it works
+ * with poll()/epoll and O_NONBLOCK exactly like a uverbs completion channel,
+ * and so that a later issue can hand it to the process that produces the
+ * completions.
+ *
+ * Invariant, under `lock`: the eventfd's counter equals pending.size(). Every
+ * token is written and consumed with the lock held, so a reader that finds
+ * an entry can consume its token without ever blocking.
+ */
+struct CompChannel {
+	struct ibv_comp_channel ibv; /* first: ibv_comp_channel* <-> CompChannel* */
+	std::mutex lock;
+	std::deque<Cq *> pending; /* CQs with an undelivered completion event */
+
+	struct ibv_comp_channel *abi() { return &ibv; }
+	static CompChannel *from(struct ibv_comp_channel *ch)
+	{
+		return reinterpret_cast<CompChannel *>(ch);
+	}
+};
+
+/*
+ * One work completion as the data path delivers it: the ibv_wc that
+ * ibv_poll_cq() returns, plus what the ibv_cq_ex read_* helpers can report.
+ */
+struct Completion {
+	struct ibv_wc wc;
+	/* The request carried IBV_SEND_SOLICITED: wakes a CQ armed with
+	 * solicited_only (so does any unsuccessful completion). */
+	bool solicited;
+	uint64_t timestamp_ns;  /* IBV_WC_EX_WITH_COMPLETION_TIMESTAMP (1 GHz clock) */
+	uint64_t wallclock_ns;  /* IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK */
+	uint16_t cvlan;
+	uint32_t flow_tag;
+	struct ibv_wc_tm_info tm_info;
+};
+
+enum class CqArm : uint8_t { None, Solicited, Next };
 
 struct Cq {
 	/* ibv_cq_ex begins with the fields of ibv_cq, so one object serves
@@ -22,8 +69,81 @@ struct Cq {
 	AsyncEventCounter async_events; /* IBV_EVENT_CQ_ERR */
 	/* --- family-private state below (lib/cq.cpp) --- */
 
+	Context *ctx;
+	CompChannel *channel;         /* nullptr when events are not wanted */
+	uint64_t wc_flags;            /* IBV_WC_EX_WITH_* the CQ was created with */
+	uint32_t create_flags;        /* IBV_CREATE_CQ_ATTR_* */
+	bool extended;                /* made by ibv_create_cq_ex() */
+	uint32_t cqn;
+
+	/* The completion ring. Recursive because the data path may deliver a
+	 * completion from inside a start_poll()/end_poll() batch of the same
+	 * thread (a loopback send posted while polling); `lock` is held from
+	 * start_poll() to end_poll() as libmlx5 holds its CQ spinlock. */
+	std::recursive_mutex lock;
+	/* Unpolled completions, oldest first; at most ibv.cq.cqe of them.
+	 * Grown on demand: a CQ's capacity costs nothing until it fills. */
+	std::deque<Completion> queue;
+	bool overrun = false;          /* the CQ overflowed: IBV_EVENT_CQ_ERR was raised */
+	Completion current{};          /* the entry ibv_cq_ex read_* report */
+
+	/* Arming. Separate from `lock` so ibv_req_notify_cq() never waits for a
+	 * poll batch (libmlx5 arms through a doorbell without the CQ lock).
+	 * The counters let arming see unpolled completions without the ring. */
+	std::mutex arm_lock;
+	CqArm arm = CqArm::None;
+	std::atomic<uint32_t> unpolled{0};
+	std::atomic<uint32_t> unpolled_solicited{0}; /* solicited or unsuccessful */
+
+	/* Completion events handed out by ibv_get_cq_event(); acknowledged
+	 * ones are counted in ibv.cq.comp_events_completed. Both under
+	 * ibv.cq.mutex; destroy waits until they match. */
+	uint32_t comp_events_reported = 0;
+	/* Set by destroy (under channel->lock): no further events are queued. */
+	bool detached = false;
+
+	/* ibv_modify_cq() moderation, recorded (see modify_cq()). */
+	uint16_t moderation_count = 0;
+	uint16_t moderation_period = 0;
+
 	struct ibv_cq *abi() { return &ibv.cq; }
 	static Cq *from(struct ibv_cq *cq) { return reinterpret_cast<Cq *>(cq); }
+	static Cq *from(struct ibv_cq_ex *cq) { return reinterpret_cast<Cq *>(cq); }
 };
+
+/* --- Completion channels --- */
+
+Result<CompChannel> create_comp_channel(Context &ctx);
+/* EBUSY while a CQ uses the channel (ibv_comp_channel::refcnt). */
+int destroy_comp_channel(CompChannel &ch);
+/* Takes the next completion event: 0, or EAGAIN when the fd is O_NONBLOCK and
+ * none is pending. Blocks otherwise. */
+int get_cq_event(CompChannel &ch, Cq *&cq);
+void ack_cq_events(Cq &cq, unsigned int nevents);
+
+/* --- Completion queues --- */
+
+/* ibv_create_cq() (extended == false) and ibv_create_cq_ex(): validation,
+ * errno and rounding as libmlx5 + mlx5_ib (or the device profile). */
+Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool extended);
+int resize_cq(Cq &cq, int cqe);
+/* EBUSY while QPs or SRQs use the CQ; otherwise drops its undelivered
+ * completion events, waits until every delivered one and every async event
+ * was acknowledged, and frees it. */
+int destroy_cq(Cq &cq);
+/* ibv_poll_cq(): the number of completions returned, or a negative errno. */
+int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc);
+int req_notify_cq(Cq &cq, int solicited_only);
+int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
+
+/*
+ * The data path's entry point: appends one completion to the CQ and, when
+ * the CQ is armed for it, disarms it and queues a completion event on its
+ * channel (waking ibv_get_cq_event()). A full CQ overruns: the completion is
+ * dropped and IBV_EVENT_CQ_ERR is raised once (never with
+ * IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN). Returns 0, or ENOSPC when dropped.
+ * Thread-safe; may be called from inside a poll batch of the same thread.
+ */
+int deliver_completion(Cq &cq, const Completion &c);
 
 } // namespace shmverbs

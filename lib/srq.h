@@ -10,7 +10,29 @@
 
 #include <infiniband/verbs.h>
 
+#include <sys/types.h>
+
+#include <cstdint>
+#include <mutex>
+
 namespace shmverbs {
+
+/* Names the kernel-side XRC domain an fd's inode stands for: the inode on
+ * one device (the kernel keeps one inode -> xrcd table per device). */
+struct XrcdKey {
+	uint32_t device_index;
+	dev_t st_dev;
+	ino_t st_ino;
+
+	bool operator<(const XrcdKey &o) const
+	{
+		if (device_index != o.device_index)
+			return device_index < o.device_index;
+		if (st_dev != o.st_dev)
+			return st_dev < o.st_dev;
+		return st_ino < o.st_ino;
+	}
+};
 
 struct Xrcd {
 	struct ibv_xrcd ibv; /* first: ibv_xrcd* <-> Xrcd* */
@@ -20,6 +42,14 @@ struct Xrcd {
 	 * kernel xrcd; an anonymous domain (fd -1) gets a fresh value. */
 	uint64_t domain;
 	/* --- family-private state below (lib/srq.cpp) --- */
+
+	Context *ctx;
+	bool named;      /* opened on a file (fd != -1) */
+	XrcdKey key;     /* named domains only */
+	/* Named domains: this handle's open file description of the domain's
+	 * marker file, holding a shared lock that tells other processes the
+	 * domain exists (see lib/srq.cpp); -1 when no runtime directory. */
+	int marker_fd;
 
 	struct ibv_xrcd *abi() { return &ibv; }
 	static Xrcd *from(struct ibv_xrcd *x) { return reinterpret_cast<Xrcd *>(x); }
@@ -36,8 +66,52 @@ struct Srq {
 	uint32_t srq_num;
 	/* --- family-private state below (lib/srq.cpp) --- */
 
+	Context *ctx;
+	std::mutex lock;       /* guards the attributes below */
+	uint32_t max_wr;       /* granted capacity (what query returns) */
+	uint32_t max_sge;      /* granted scatter entries per WR */
+	uint32_t requested_sge; /* what was asked for, for resizing */
+	/* Armed low watermark (0: not armed). When the posted receive WQEs
+	 * drop below it, IBV_EVENT_SRQ_LIMIT_REACHED is raised once and the
+	 * limit disarms (ibv_modify_srq(3)). */
+	uint32_t srq_limit;
+	/* Receive WQEs posted and not yet consumed; kept by the data path. */
+	uint32_t posted;
+
 	struct ibv_srq *abi() { return &ibv; }
 	static Srq *from(struct ibv_srq *s) { return reinterpret_cast<Srq *>(s); }
 };
+
+/* --- XRC domains --- */
+
+/* ibv_open_xrcd(): fd -1 opens a new anonymous domain; a file names a domain
+ * shared by every context and process that opens the same inode, created
+ * with O_CREAT (EAGAIN without it when none exists) and refused with O_EXCL
+ * when one exists (EINVAL), exactly as ib_uverbs. */
+Result<Xrcd> open_xrcd(Context &ctx, const struct ibv_xrcd_init_attr &attr);
+/* EBUSY while XRC SRQs or XRC_RECV QPs opened through this handle exist. */
+int close_xrcd(Xrcd &xrcd);
+
+/* --- Shared receive queues --- */
+
+/* ibv_create_srq() and ibv_create_srq_ex(): validation, errno and rounding
+ * as libmlx5 + mlx5_ib (or the device profile). Updates attr.attr with the
+ * granted max_wr and max_sge. Takes uses on the PD and, for XRC, on the
+ * XRCD and the CQ. */
+Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr);
+int modify_srq(Srq &srq, const struct ibv_srq_attr &attr, int attr_mask);
+int query_srq(Srq &srq, struct ibv_srq_attr &attr);
+int get_srq_num(Srq &srq, uint32_t &srq_num);
+/* EBUSY while QPs use the SRQ; otherwise waits until its async events are
+ * acknowledged, releases its PD/XRCD/CQ and frees it. */
+int destroy_srq(Srq &srq);
+
+/*
+ * The data path's entry point for the SRQ limit: call after a receive WQE
+ * was consumed (or whenever `posted` drops). When the SRQ is armed and fewer
+ * than srq_limit WQEs remain, raises IBV_EVENT_SRQ_LIMIT_REACHED and disarms,
+ * as the device does. Returns true when the event was raised.
+ */
+bool srq_update_posted(Srq &srq, uint32_t posted);
 
 } // namespace shmverbs

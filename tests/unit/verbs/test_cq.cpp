@@ -1,0 +1,743 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Completion queues and completion channels through the public verbs API:
+ * rounding, every argument error, channel fd semantics, arming, completion
+ * events, destruction order and concurrency.
+ */
+#include "cqsrq_helpers.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+#include <vector>
+
+using namespace cqsrq_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct ibv_cq_ex *create_cq_ex(struct ibv_context *ctx, uint64_t wc_flags, uint32_t cqe = 16)
+{
+	struct ibv_cq_init_attr_ex attr{};
+	attr.cqe = cqe;
+	attr.wc_flags = wc_flags;
+	return ibv_create_cq_ex(ctx, &attr);
+}
+
+/* A blocking ibv_get_cq_event() on another thread. */
+struct EventWaiter {
+	struct ibv_comp_channel *ch;
+	std::future<std::pair<int, struct ibv_cq *>> result;
+
+	explicit EventWaiter(struct ibv_comp_channel *channel) : ch(channel)
+	{
+		result = std::async(std::launch::async, [this] {
+			struct ibv_cq *cq = nullptr;
+			void *cq_ctx = nullptr;
+			int rc = ibv_get_cq_event(ch, &cq, &cq_ctx);
+			return std::make_pair(rc, cq);
+		});
+	}
+	bool woke_within(std::chrono::milliseconds t)
+	{
+		return result.wait_for(t) == std::future_status::ready;
+	}
+};
+
+} // namespace
+
+TEST_CASE("CQ sizes round as libmlx5: 2^ceil(log2(cqe+1)) - 1", "[cq]")
+{
+	Device d;
+	const std::pair<int, int> table[] = {
+		{1, 1}, {2, 3}, {3, 3}, {4, 7}, {100, 127}, {127, 127}, {128, 255},
+		{1000, 1023}, {4194303, 4194303},
+	};
+	for (auto [asked, granted] : table) {
+		CAPTURE(asked);
+		struct ibv_cq *cq = ibv_create_cq(d.ctx, asked, nullptr, nullptr, 0);
+		REQUIRE(cq);
+		CHECK(cq->cqe == granted);
+		CHECK(cq->context == d.ctx);
+		CHECK(ibv_destroy_cq(cq) == 0);
+
+		struct ibv_cq_ex *ex = create_cq_ex(d.ctx, IBV_WC_STANDARD_FLAGS, asked);
+		REQUIRE(ex);
+		CHECK(ex->cqe == granted);
+		CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(ex)) == 0);
+	}
+}
+
+TEST_CASE("ibv_create_cq argument errors", "[cq]")
+{
+	Device d;
+	struct ibv_device_attr attr;
+	REQUIRE(ibv_query_device(d.ctx, &attr) == 0);
+	REQUIRE(attr.max_cqe == 4194303);
+	struct {
+		int cqe;
+		int comp_vector;
+		int err;
+	} const table[] = {
+		{0, 0, EINVAL},
+		{-1, 0, EINVAL},
+		{attr.max_cqe + 1, 0, EINVAL},
+		{16, d.ctx->num_comp_vectors, EINVAL},
+		{16, -1, EINVAL},
+	};
+	for (auto t : table) {
+		CAPTURE(t.cqe, t.comp_vector);
+		errno = 0;
+		CHECK(ibv_create_cq(d.ctx, t.cqe, nullptr, nullptr, t.comp_vector) == nullptr);
+		CHECK(errno == t.err);
+	}
+	errno = 0;
+	CHECK(ibv_create_cq(nullptr, 16, nullptr, nullptr, 0) == nullptr);
+	CHECK(errno == EINVAL);
+}
+
+TEST_CASE("a channel of another context is not an fd of this one (EBADF)", "[cq][channel]")
+{
+	Device a, b;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(b.ctx);
+	REQUIRE(ch);
+	errno = 0;
+	CHECK(ibv_create_cq(a.ctx, 16, nullptr, ch, 0) == nullptr);
+	CHECK(errno == EBADF);
+	CHECK(ch->refcnt == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("ibv_create_cq_ex validation as libibverbs + libmlx5", "[cq][cq_ex]")
+{
+	Device d;
+	struct Case {
+		const char *what;
+		uint32_t cqe;
+		uint64_t wc_flags;
+		uint32_t comp_mask;
+		uint32_t flags;
+		int err;
+	} const table[] = {
+		{"unknown wc_flags bit", 16, 1ull << 40, 0, 0, EOPNOTSUPP},
+		{"wc_flags just above the known ones", 16, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK << 1, 0, 0,
+		 EOPNOTSUPP},
+		{"cqe 0", 0, IBV_WC_STANDARD_FLAGS, 0, 0, EINVAL},
+		{"unknown comp_mask bit", 16, 0, 1u << 5, 0, EINVAL},
+		{"unknown create flag", 16, 0, IBV_CQ_INIT_ATTR_MASK_FLAGS, 1u << 7, EINVAL},
+		{"parent domain without one", 16, 0, IBV_CQ_INIT_ATTR_MASK_PD, 0, EINVAL},
+		{"cqe over max_cqe", 4194304, 0, 0, 0, EINVAL},
+	};
+	for (const Case &t : table) {
+		CAPTURE(t.what);
+		struct ibv_cq_init_attr_ex attr{};
+		attr.cqe = t.cqe;
+		attr.wc_flags = t.wc_flags;
+		attr.comp_mask = t.comp_mask;
+		attr.flags = t.flags;
+		errno = 0;
+		CHECK(ibv_create_cq_ex(d.ctx, &attr) == nullptr);
+		CHECK(errno == t.err);
+	}
+
+	struct ibv_cq_init_attr_ex attr{};
+	attr.cqe = 16;
+	attr.comp_vector = 1;
+	errno = 0;
+	CHECK(ibv_create_cq_ex(d.ctx, &attr) == nullptr);
+	CHECK(errno == EINVAL);
+
+	/* Flags are read only with IBV_CQ_INIT_ATTR_MASK_FLAGS; both known
+	 * flags are accepted. */
+	attr.comp_vector = 0;
+	attr.flags = 0xff;
+	struct ibv_cq_ex *cq = ibv_create_cq_ex(d.ctx, &attr);
+	REQUIRE(cq);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+	attr.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+	attr.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+	cq = ibv_create_cq_ex(d.ctx, &attr);
+	REQUIRE(cq);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+}
+
+TEST_CASE("ibv_cq_ex has the readers for the wc_flags requested", "[cq][cq_ex]")
+{
+	Device d;
+	SECTION("every supported flag")
+	{
+		struct ibv_cq_ex *cq = create_cq_ex(d.ctx, IBV_CREATE_CQ_SUP_WC_FLAGS);
+		REQUIRE(cq);
+		CHECK(cq->start_poll);
+		CHECK(cq->next_poll);
+		CHECK(cq->end_poll);
+		CHECK(cq->read_opcode);
+		CHECK(cq->read_vendor_err);
+		CHECK(cq->read_wc_flags);
+		CHECK(cq->read_byte_len);
+		CHECK(cq->read_imm_data);
+		CHECK(cq->read_qp_num);
+		CHECK(cq->read_src_qp);
+		CHECK(cq->read_slid);
+		CHECK(cq->read_sl);
+		CHECK(cq->read_dlid_path_bits);
+		CHECK(cq->read_completion_ts);
+		CHECK(cq->read_cvlan);
+		CHECK(cq->read_flow_tag);
+		CHECK(cq->read_tm_info);
+		CHECK(cq->read_completion_wallclock_ns);
+		CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+	}
+	SECTION("only byte_len: the others stay NULL, as libmlx5 leaves them")
+	{
+		struct ibv_cq_ex *cq = create_cq_ex(d.ctx, IBV_WC_EX_WITH_BYTE_LEN);
+		REQUIRE(cq);
+		CHECK(cq->start_poll);
+		CHECK(cq->read_opcode);
+		CHECK(cq->read_byte_len);
+		CHECK(cq->read_imm_data == nullptr);
+		CHECK(cq->read_completion_ts == nullptr);
+		CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+	}
+}
+
+TEST_CASE("an empty CQ polls nothing: ibv_poll_cq 0, ibv_start_poll ENOENT", "[cq][poll]")
+{
+	Device d;
+	struct ibv_cq_ex *cq = create_cq_ex(d.ctx, IBV_WC_STANDARD_FLAGS);
+	REQUIRE(cq);
+	struct ibv_wc wc[4];
+	CHECK(ibv_poll_cq(ibv_cq_ex_to_cq(cq), 4, wc) == 0);
+	struct ibv_poll_cq_attr pattr{};
+	CHECK(ibv_start_poll(cq, &pattr) == ENOENT);
+	/* The lock was released: polling again works. */
+	CHECK(ibv_start_poll(cq, &pattr) == ENOENT);
+	pattr.comp_mask = 1;
+	CHECK(ibv_start_poll(cq, &pattr) == EINVAL);
+	CHECK(ibv_req_notify_cq(ibv_cq_ex_to_cq(cq), 0) == 0);
+	CHECK(ibv_req_notify_cq(ibv_cq_ex_to_cq(cq), 1) == 0);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+}
+
+TEST_CASE("completions come out in order through both poll APIs", "[cq][poll]")
+{
+	Device d;
+	struct ibv_cq_ex *ex = create_cq_ex(d.ctx, uint64_t(IBV_WC_STANDARD_FLAGS) |
+						 IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+	REQUIRE(ex);
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(ex);
+	for (uint64_t i = 1; i <= 5; i++) {
+		struct ibv_wc wc = make_wc(i);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	}
+
+	struct ibv_wc wc[3];
+	REQUIRE(ibv_poll_cq(cq, 3, wc) == 3);
+	CHECK(wc[0].wr_id == 1);
+	CHECK(wc[1].wr_id == 2);
+	CHECK(wc[2].wr_id == 3);
+	CHECK(wc[0].byte_len == 64);
+	CHECK(wc[0].qp_num == 0x1234);
+
+	struct ibv_poll_cq_attr pattr{};
+	REQUIRE(ibv_start_poll(ex, &pattr) == 0);
+	CHECK(ex->wr_id == 4);
+	CHECK(ex->status == IBV_WC_SUCCESS);
+	CHECK(ibv_wc_read_opcode(ex) == IBV_WC_RECV);
+	CHECK(ibv_wc_read_byte_len(ex) == 64);
+	CHECK(ibv_wc_read_qp_num(ex) == 0x1234);
+	CHECK(ibv_wc_read_completion_ts(ex) != 0);
+	REQUIRE(ibv_next_poll(ex) == 0);
+	CHECK(ex->wr_id == 5);
+	CHECK(ibv_next_poll(ex) == ENOENT);
+	ibv_end_poll(ex);
+	CHECK(ibv_poll_cq(cq, 3, wc) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
+TEST_CASE("ibv_resize_cq rounds, keeps completions and refuses to drop them", "[cq][resize]")
+{
+	Device d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 1, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	REQUIRE(cq->cqe == 1);
+
+	CHECK(ibv_resize_cq(cq, 100) == 0);
+	CHECK(cq->cqe == 127);
+	CHECK(ibv_resize_cq(cq, 127) == 0); /* the same size: nothing to do */
+	CHECK(cq->cqe == 127);
+	CHECK(ibv_resize_cq(cq, 128) == 0);
+	CHECK(cq->cqe == 255);
+
+	struct {
+		int cqe;
+		int err;
+	} const bad[] = {{-1, EINVAL}, {0, EINVAL}, {4194304, EINVAL}, {0x7fffffff, EINVAL}};
+	for (auto t : bad) {
+		CAPTURE(t.cqe);
+		CHECK(ibv_resize_cq(cq, t.cqe) == t.err);
+		CHECK(cq->cqe == 255);
+	}
+
+	for (uint64_t i = 0; i < 10; i++) {
+		struct ibv_wc wc = make_wc(i);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	}
+	CHECK(ibv_resize_cq(cq, 3) == EINVAL); /* 7 entries < 10 outstanding */
+	CHECK(cq->cqe == 255);
+	CHECK(ibv_resize_cq(cq, 10) == 0);     /* 15 entries hold them */
+	CHECK(cq->cqe == 15);
+	struct ibv_wc wc[16];
+	REQUIRE(ibv_poll_cq(cq, 16, wc) == 10);
+	for (int i = 0; i < 10; i++)
+		CHECK(wc[i].wr_id == uint64_t(i));
+	CHECK(ibv_resize_cq(nullptr, 10) == EINVAL);
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
+TEST_CASE("ibv_modify_cq: moderation as mlx5_ib accepts it", "[cq][modify]")
+{
+	Device d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	struct {
+		uint32_t mask;
+		uint16_t count, period;
+		int err;
+	} const table[] = {
+		{IBV_CQ_ATTR_MODERATE, 16, 10, 0},
+		{IBV_CQ_ATTR_MODERATE, 0xffff, 0xfff, 0},
+		{IBV_CQ_ATTR_MODERATE, 1, 0x1000, EINVAL},
+		{0, 1, 1, EINVAL},
+		{IBV_CQ_ATTR_RESERVED, 1, 1, EINVAL},
+		{IBV_CQ_ATTR_MODERATE | IBV_CQ_ATTR_RESERVED, 1, 1, EINVAL},
+	};
+	for (auto t : table) {
+		CAPTURE(t.mask, t.count, t.period);
+		struct ibv_modify_cq_attr attr{};
+		attr.attr_mask = t.mask;
+		attr.moderate.cq_count = t.count;
+		attr.moderate.cq_period = t.period;
+		CHECK(ibv_modify_cq(cq, &attr) == t.err);
+	}
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
+TEST_CASE("NULL arguments fail with an error, never a crash", "[cq][channel]")
+{
+	Device d;
+	CHECK(ibv_destroy_cq(nullptr) == EINVAL);
+	CHECK(ibv_destroy_comp_channel(nullptr) == EINVAL);
+	ibv_ack_cq_events(nullptr, 1);
+	errno = 0;
+	CHECK(ibv_create_comp_channel(nullptr) == nullptr);
+	CHECK(errno == EINVAL);
+	struct ibv_cq *cq;
+	void *cq_ctx;
+	errno = 0;
+	CHECK(ibv_get_cq_event(nullptr, &cq, &cq_ctx) == -1);
+	CHECK(errno == EINVAL);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, nullptr, &cq_ctx) == -1);
+	CHECK(errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_create_cq_ex(d.ctx, nullptr) == nullptr);
+	CHECK(errno == EINVAL);
+	struct ibv_cq *real = ibv_create_cq(d.ctx, 1, nullptr, nullptr, 0);
+	REQUIRE(real);
+	CHECK(ibv_poll_cq(real, 1, nullptr) < 0);
+	CHECK(ibv_poll_cq(real, -1, nullptr) == 0);
+	CHECK(ibv_modify_cq(real, nullptr) == EINVAL);
+	CHECK(ibv_destroy_cq(real) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("the channel fd is a real fd: poll, epoll, O_NONBLOCK", "[channel]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	CHECK(ch->context == d.ctx);
+	CHECK(ch->refcnt == 0);
+	REQUIRE(ch->fd >= 0);
+	CHECK(fcntl(ch->fd, F_GETFD) & FD_CLOEXEC);
+	int cq_tag = 0;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, &cq_tag, ch, 0);
+	REQUIRE(cq);
+	CHECK(cq->channel == ch);
+	CHECK(ch->refcnt == 1);
+
+	/* Nothing pending: not readable, and a non-blocking read fails. */
+	CHECK_FALSE(readable(ch->fd, 0));
+	int fl = fcntl(ch->fd, F_GETFL);
+	REQUIRE(fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) == 0);
+	struct ibv_cq *ev_cq = nullptr;
+	void *ev_ctx = nullptr;
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1);
+	CHECK(errno == EAGAIN);
+
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	REQUIRE(ep >= 0);
+	struct epoll_event eev{};
+	eev.events = EPOLLIN;
+	REQUIRE(epoll_ctl(ep, EPOLL_CTL_ADD, ch->fd, &eev) == 0);
+	struct epoll_event got[2];
+	CHECK(epoll_wait(ep, got, 2, 0) == 0);
+
+	/* Armed: one completion makes the fd readable and yields one event. */
+	REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+	struct ibv_wc wc = make_wc(7);
+	REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	CHECK(readable(ch->fd, 1000));
+	CHECK(epoll_wait(ep, got, 2, 1000) == 1);
+	REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+	CHECK(ev_cq == cq);
+	CHECK(ev_ctx == &cq_tag);
+	ibv_ack_cq_events(ev_cq, 1);
+	CHECK_FALSE(readable(ch->fd, 0));
+	CHECK(epoll_wait(ep, got, 2, 0) == 0);
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1);
+	CHECK(errno == EAGAIN);
+
+	/* The request is one shot: the next completion raises nothing. */
+	REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	CHECK_FALSE(readable(ch->fd, 50));
+
+	::close(ep);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ch->refcnt == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("ibv_get_cq_event blocks until a completion reaches an armed CQ", "[channel]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+	REQUIRE(cq);
+	struct ibv_wc wc = make_wc(1);
+
+	SECTION("armed: the completion wakes the waiter")
+	{
+		EventWaiter w(ch);
+		CHECK_FALSE(w.woke_within(50ms));
+		REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+		bool woke = w.woke_within(5000ms);
+		CHECK(woke);
+		if (!woke) { /* release the thread before failing for good */
+			ibv_req_notify_cq(cq, 0);
+			shmverbs_inject_completion(cq, &wc, 0);
+		}
+		auto [rc, got] = w.result.get();
+		CHECK(rc == 0);
+		CHECK(got == cq);
+		ibv_ack_cq_events(cq, 1);
+	}
+	SECTION("not armed: the completion does not wake it")
+	{
+		EventWaiter w(ch);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+		CHECK_FALSE(w.woke_within(200ms));
+		/* Arming with an unpolled completion raises the event at once. */
+		REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+		CHECK(w.woke_within(5000ms));
+		auto [rc, got] = w.result.get();
+		CHECK(rc == 0);
+		CHECK(got == cq);
+		ibv_ack_cq_events(cq, 1);
+	}
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("solicited-only arming wakes on solicited and failed completions", "[channel]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, ch, 0);
+	REQUIRE(cq);
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+
+	struct {
+		const char *what;
+		enum ibv_wc_status status;
+		int solicited;
+		bool event;
+	} const table[] = {
+		{"unsolicited success", IBV_WC_SUCCESS, 0, false},
+		{"solicited success", IBV_WC_SUCCESS, 1, true},
+		{"unsolicited error", IBV_WC_REM_ACCESS_ERR, 0, true},
+	};
+	for (auto t : table) {
+		CAPTURE(t.what);
+		struct ibv_wc drain[64];
+		while (ibv_poll_cq(cq, 64, drain) > 0) {
+		}
+		REQUIRE(ibv_req_notify_cq(cq, 1) == 0);
+		struct ibv_wc wc = make_wc(1, t.status);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, t.solicited) == 0);
+		CHECK(readable(ch->fd, t.event ? 1000 : 50) == t.event);
+		if (t.event) {
+			REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+			ibv_ack_cq_events(ev_cq, 1);
+		}
+	}
+	/* Arming for solicited completions while an unpolled solicited one
+	 * is present fires at once. */
+	struct ibv_wc wc = make_wc(2);
+	REQUIRE(shmverbs_inject_completion(cq, &wc, 1) == 0);
+	REQUIRE(ibv_req_notify_cq(cq, 1) == 0);
+	CHECK(readable(ch->fd, 1000));
+	REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+	ibv_ack_cq_events(ev_cq, 1);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("ibv_destroy_comp_channel is EBUSY while a CQ uses it", "[channel][destroy]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *a = ibv_create_cq(d.ctx, 4, nullptr, ch, 0);
+	struct ibv_cq_init_attr_ex attr{};
+	attr.cqe = 4;
+	attr.channel = ch;
+	struct ibv_cq_ex *b = ibv_create_cq_ex(d.ctx, &attr);
+	REQUIRE(a);
+	REQUIRE(b);
+	CHECK(ch->refcnt == 2);
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY);
+	CHECK(ibv_destroy_cq(a) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(b)) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("ibv_destroy_cq waits until its completion events are acknowledged", "[cq][destroy]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+	REQUIRE(cq);
+	struct ibv_wc wc = make_wc(1);
+	for (int i = 0; i < 2; i++) {
+		REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+		struct ibv_cq *ev_cq;
+		void *ev_ctx;
+		REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+	}
+	ibv_ack_cq_events(cq, 1); /* one of two */
+
+	auto destroyed = std::async(std::launch::async, [cq] { return ibv_destroy_cq(cq); });
+	CHECK(destroyed.wait_for(100ms) == std::future_status::timeout);
+	ibv_ack_cq_events(cq, 1);
+	REQUIRE(destroyed.wait_for(5000ms) == std::future_status::ready);
+	CHECK(destroyed.get() == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("ibv_destroy_cq drops the events it never delivered", "[cq][destroy]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *gone = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+	struct ibv_cq *kept = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+	REQUIRE(gone);
+	REQUIRE(kept);
+	struct ibv_wc wc = make_wc(1);
+	REQUIRE(ibv_req_notify_cq(gone, 0) == 0);
+	REQUIRE(shmverbs_inject_completion(gone, &wc, 0) == 0);
+	REQUIRE(ibv_req_notify_cq(kept, 0) == 0);
+	REQUIRE(shmverbs_inject_completion(kept, &wc, 0) == 0);
+
+	/* No acknowledgement is owed for an event never read. */
+	CHECK(ibv_destroy_cq(gone) == 0);
+	REQUIRE(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0);
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+	CHECK(ev_cq == kept);
+	ibv_ack_cq_events(ev_cq, 1);
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1);
+	CHECK(errno == EAGAIN);
+	CHECK_FALSE(readable(ch->fd, 0));
+	CHECK(ibv_destroy_cq(kept) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("CQ overrun raises IBV_EVENT_CQ_ERR; destroy waits for its ack", "[cq][overrun]")
+{
+	Device d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 1, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	REQUIRE(cq->cqe == 1);
+	struct ibv_wc wc = make_wc(1);
+	CHECK(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	CHECK(shmverbs_inject_completion(cq, &wc, 0) == ENOSPC);
+	REQUIRE(readable(d.ctx->async_fd, 1000));
+	struct ibv_async_event ev;
+	REQUIRE(ibv_get_async_event(d.ctx, &ev) == 0);
+	CHECK(ev.event_type == IBV_EVENT_CQ_ERR);
+	CHECK(ev.element.cq == cq);
+	/* Once overrun, the CQ takes no more completions. */
+	struct ibv_wc out[2];
+	CHECK(ibv_poll_cq(cq, 2, out) == 1);
+	CHECK(shmverbs_inject_completion(cq, &wc, 0) == ENOSPC);
+	CHECK_FALSE(readable(d.ctx->async_fd, 0));
+
+	auto destroyed = std::async(std::launch::async, [cq] { return ibv_destroy_cq(cq); });
+	CHECK(destroyed.wait_for(100ms) == std::future_status::timeout);
+	ibv_ack_async_event(&ev);
+	REQUIRE(destroyed.wait_for(5000ms) == std::future_status::ready);
+	CHECK(destroyed.get() == 0);
+}
+
+TEST_CASE("IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN drops silently", "[cq][overrun]")
+{
+	Device d;
+	struct ibv_cq_init_attr_ex attr{};
+	attr.cqe = 1;
+	attr.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+	attr.flags = IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+	struct ibv_cq_ex *ex = ibv_create_cq_ex(d.ctx, &attr);
+	REQUIRE(ex);
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(ex);
+	struct ibv_wc wc = make_wc(1);
+	CHECK(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	CHECK(shmverbs_inject_completion(cq, &wc, 0) == ENOSPC);
+	CHECK_FALSE(readable(d.ctx->async_fd, 50));
+	struct ibv_wc out[2];
+	CHECK(ibv_poll_cq(cq, 2, out) == 1);
+	CHECK(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
+TEST_CASE("concurrent create/destroy on one context", "[cq][threads]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	std::atomic<int> failures{0};
+	std::vector<std::thread> threads;
+	for (int t = 0; t < 4; t++)
+		threads.emplace_back([&] {
+			for (int i = 0; i < 200; i++) {
+				struct ibv_cq *cq = ibv_create_cq(d.ctx, 8, nullptr, ch, 0);
+				if (!cq || ibv_destroy_cq(cq) != 0)
+					failures++;
+			}
+		});
+	for (auto &t : threads)
+		t.join();
+	CHECK(failures == 0);
+	CHECK(ch->refcnt == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("poll and notify from several threads lose no completion", "[cq][threads]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 4096, nullptr, ch, 0);
+	REQUIRE(cq);
+	constexpr int total = 20000;
+	std::atomic<int> polled{0};
+	std::atomic<bool> done{false};
+	std::vector<std::thread> pollers;
+	for (int t = 0; t < 3; t++)
+		pollers.emplace_back([&] {
+			struct ibv_wc wc[16];
+			while (!done) {
+				ibv_req_notify_cq(cq, 0);
+				int n = ibv_poll_cq(cq, 16, wc);
+				if (n > 0)
+					polled += n;
+			}
+		});
+	/* The injector stays well below the CQ's 4095 entries. */
+	int delivered = 0, refused = 0;
+	for (int i = 0; i < total; i++) {
+		struct ibv_wc wc = make_wc(uint64_t(i));
+		if (shmverbs_inject_completion(cq, &wc, 0) != 0) {
+			refused++;
+			break;
+		}
+		delivered++;
+		while (delivered - polled > 2048)
+			std::this_thread::yield();
+	}
+	CHECK(refused == 0);
+	auto deadline = std::chrono::steady_clock::now() + 5s;
+	while (polled < delivered && std::chrono::steady_clock::now() < deadline)
+		std::this_thread::sleep_for(1ms);
+	done = true;
+	for (auto &t : pollers)
+		t.join();
+	CHECK(polled == total);
+
+	/* Drain and acknowledge the events the arming produced. */
+	REQUIRE(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0);
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	unsigned events = 0;
+	while (ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0)
+		events++;
+	CHECK(events > 0);
+	ibv_ack_cq_events(cq, events);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+/* --- Other profiles (run as their own meson test with SHMVERBS_PROFILE) --- */
+
+TEST_CASE("rxe: CQ sizes 2^k - 1, no ibv_modify_cq", "[.][rxe]")
+{
+	Device d;
+	const std::pair<int, int> table[] = {{1, 1}, {100, 127}, {128, 255}};
+	for (auto [asked, granted] : table) {
+		CAPTURE(asked);
+		struct ibv_cq *cq = ibv_create_cq(d.ctx, asked, nullptr, nullptr, 0);
+		REQUIRE(cq);
+		CHECK(cq->cqe == granted);
+		struct ibv_modify_cq_attr attr{};
+		attr.attr_mask = IBV_CQ_ATTR_MODERATE;
+		CHECK(ibv_modify_cq(cq, &attr) == EOPNOTSUPP);
+		CHECK(ibv_destroy_cq(cq) == 0);
+	}
+	errno = 0;
+	CHECK(ibv_create_cq(d.ctx, 32768, nullptr, nullptr, 0) == nullptr);
+	CHECK(errno == EINVAL);
+}
+
+TEST_CASE("exact: CQ sizes as asked", "[.][exact]")
+{
+	Device d;
+	for (int asked : {1, 100, 128}) {
+		CAPTURE(asked);
+		struct ibv_cq *cq = ibv_create_cq(d.ctx, asked, nullptr, nullptr, 0);
+		REQUIRE(cq);
+		CHECK(cq->cqe == asked);
+		CHECK(ibv_resize_cq(cq, asked + 1) == 0);
+		CHECK(cq->cqe == asked + 1);
+		CHECK(ibv_destroy_cq(cq) == 0);
+	}
+}
