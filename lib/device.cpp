@@ -128,14 +128,16 @@ std::vector<Device *> build_devices(const Config &cfg)
 
 const std::vector<Device *> &devices()
 {
-	static const std::vector<Device *> list = [] {
+	/* Never destroyed, like the Devices it points to: ibv_device pointers
+	 * stay valid until exit (and LeakSanitizer still sees them reachable). */
+	static const std::vector<Device *> *list = [] {
 		const Config &cfg = config();
 		if (!cfg.error.empty())
 			log_error("bad configuration: %s; no emulated device is offered",
 				  cfg.error.c_str());
-		return build_devices(cfg);
+		return new std::vector<Device *>(build_devices(cfg));
 	}();
-	return list;
+	return *list;
 }
 
 Device *to_device(struct ibv_device *dev)
