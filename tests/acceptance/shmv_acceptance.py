@@ -5,6 +5,7 @@ objdump -T), and how to run an unmodified program in each of the two modes:
 
   dropin   LD_LIBRARY_PATH=<dir with our libibverbs.so.1, libmlx5.so.1, ...>
   preload  LD_PRELOAD=<libshmverbs.so>, Debian's real libraries underneath
+  real     Debian's libraries alone (a reference)
 """
 import glob
 import os
@@ -90,11 +91,37 @@ def clean_env(**extra):
     return env
 
 
+def sanitizer_runtimes(lib):
+    """The sanitizer runtimes a sanitizer build of our library needs. An
+    unmodified program does not link them, so they must be preloaded ahead of
+    everything else (ASan refuses to start otherwise)."""
+    out = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+    found = []
+    for runtime in ("libasan.so", "libtsan.so", "libubsan.so"):
+        for line in out.splitlines():
+            parts = line.split()
+            if parts and parts[0].startswith(runtime) and len(parts) > 2:
+                found.append(parts[2])
+    return found
+
+
 def mode_env(mode, dropin_dir, preload_lib, **extra):
+    """Environment of an unmodified program in `mode`. In a sanitizer build
+    the runtimes come first and leak checking is off: the leaks of Debian's
+    programs are not ours to judge (our own are checked by the unit tests)."""
+    preload = sanitizer_runtimes(os.path.join(dropin_dir, "libibverbs.so.1"))
+    if preload:
+        extra.setdefault("ASAN_OPTIONS", "detect_leaks=0")
     if mode == "dropin":
+        if preload:
+            extra["LD_PRELOAD"] = ":".join(preload)
         return clean_env(LD_LIBRARY_PATH=dropin_dir, **extra)
     if mode == "preload":
-        return clean_env(LD_PRELOAD=preload_lib, **extra)
+        return clean_env(LD_PRELOAD=":".join(preload + [preload_lib]), **extra)
+    if mode == "real":
+        if preload:
+            extra["LD_PRELOAD"] = ":".join(preload)
+        return clean_env(**extra)
     raise ValueError(mode)
 
 
