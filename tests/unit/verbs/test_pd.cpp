@@ -25,7 +25,10 @@ struct Fixture {
 	~Fixture() { CHECK(ibv_close_device(ctx) == 0); }
 };
 
-void *no_alloc(struct ibv_pd *, void *, size_t, size_t, uint64_t) { return IBV_ALLOCATOR_USE_DEFAULT; }
+void *no_alloc(struct ibv_pd *, void *, size_t, size_t, uint64_t)
+{
+	return IBV_ALLOCATOR_USE_DEFAULT;
+}
 void no_free(struct ibv_pd *, void *, void *, uint64_t) {}
 
 } // namespace
