@@ -2,19 +2,124 @@
 /*
  * Protection domains, memory regions, memory windows, thread domains and
  * parent domains.
+ *
+ * Which entry point an application reaches: verbs.h turns ibv_reg_mr() and
+ * ibv_reg_mr_iova() into inline wrappers that call the exported
+ * ibv_reg_mr / ibv_reg_mr_iova when the access flags are a compile-time
+ * constant without IBV_ACCESS_OPTIONAL_RANGE bits, and ibv_reg_mr_iova2
+ * otherwise. All three end in the same registration. libibverbs strips the
+ * optional bits only on kernels that cannot take them; we behave as a kernel
+ * that can (Linux >= 5.9), which accepts and ignores the ones it does not
+ * implement.
+ *
+ * Not offered: ibv_reg_dmabuf_mr (EOPNOTSUPP: there is no device memory to
+ * import from), ibv_advise_mr (EOPNOTSUPP: mlx5 needs ODP for it),
+ * ibv_bind_mw (EOPNOTSUPP until the data path exists; see lib/mr.h).
  */
 #include "abi.h"
 #include "ops.h"
 
+#include "mr.h"
 #include "pd.h"
+
+/* verbs.h wraps these in inline helpers; we define the real entry points. */
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
 
 using namespace shmverbs;
 using namespace shmverbs::abi;
 
+namespace {
+
+struct ibv_mw *ctx_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	Context *c = pd ? to_context(pd->context) : nullptr;
+	if (!c)
+		return fail_ptr<struct ibv_mw>(EINVAL);
+	return guard_ptr([&]() -> struct ibv_mw * {
+		Result<Mw> mw = alloc_mw(*c, *Pd::from(pd), type);
+		if (mw)
+			mw->ibv.pd = pd;
+		return to_ptr(mw);
+	});
+}
+
+int ctx_dealloc_mw(struct ibv_mw *mw)
+{
+	if (!mw || !to_context(mw->context))
+		return EINVAL;
+	return guard_int([&] { return dealloc_mw(*Mw::from(mw)); });
+}
+
+struct ibv_mr *ctx_alloc_null_mr(struct ibv_pd *pd)
+{
+	Context *c = pd ? to_context(pd->context) : nullptr;
+	if (!c)
+		return fail_ptr<struct ibv_mr>(EINVAL);
+	return guard_ptr([&]() -> struct ibv_mr * {
+		Result<Mr> mr = alloc_null_mr(*c, *Pd::from(pd));
+		if (mr)
+			mr->ibv.pd = pd;
+		return to_ptr(mr);
+	});
+}
+
+struct ibv_td *ctx_alloc_td(struct ibv_context *context, struct ibv_td_init_attr *init_attr)
+{
+	Context *c = to_context(context);
+	if (!c || !init_attr)
+		return fail_ptr<struct ibv_td>(EINVAL);
+	return guard_ptr([&] { return to_ptr(alloc_td(*c, *init_attr)); });
+}
+
+int ctx_dealloc_td(struct ibv_td *td)
+{
+	if (!td || !to_context(td->context))
+		return EINVAL;
+	return guard_int([&] { return dealloc_td(*Td::from(td)); });
+}
+
+struct ibv_pd *ctx_alloc_parent_domain(struct ibv_context *context,
+				       struct ibv_parent_domain_init_attr *attr)
+{
+	Context *c = to_context(context);
+	if (!c || !attr || !attr->pd)
+		return fail_ptr<struct ibv_pd>(EINVAL);
+	/* The PD (and TD) must be objects of this context: a parent domain
+	 * carries its PD's handle, which means nothing in another one. */
+	if (attr->pd->context != context || (attr->td && attr->td->context != context))
+		return fail_ptr<struct ibv_pd>(EINVAL);
+	return guard_ptr([&] { return to_ptr(alloc_parent_domain(*c, *attr)); });
+}
+
+/* The common tail of ibv_reg_mr, ibv_reg_mr_iova and ibv_reg_mr_iova2 for
+ * a PD of ours; fills the fields libibverbs fills after the provider. */
+struct ibv_mr *register_mr(Context &c, struct ibv_pd *pd, void *addr, size_t length,
+			   uint64_t iova, unsigned int access)
+{
+	return guard_ptr([&]() -> struct ibv_mr * {
+		Result<Mr> mr = reg_mr(c, *Pd::from(pd), addr, length, iova, access);
+		if (!mr)
+			return fail_ptr<struct ibv_mr>(mr.error());
+		mr->ibv.pd = pd;
+		mr->ibv.addr = addr;
+		mr->ibv.length = length;
+		return mr->abi();
+	});
+}
+
+} // namespace
+
 namespace shmverbs::abi {
 
-void install_pd_ops(struct verbs_context &)
+void install_pd_ops(struct verbs_context &v)
 {
+	v.context.ops.alloc_mw = ctx_alloc_mw;
+	v.context.ops.dealloc_mw = ctx_dealloc_mw;
+	v.alloc_null_mr = ctx_alloc_null_mr;
+	v.alloc_td = ctx_alloc_td;
+	v.dealloc_td = ctx_dealloc_td;
+	v.alloc_parent_domain = ctx_alloc_parent_domain;
 }
 
 } // namespace shmverbs::abi
@@ -29,11 +134,114 @@ SHMV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 	return guard_ptr([&] { return to_ptr(alloc_pd(*c)); });
 }
 
+/* Deallocates a PD or a parent domain (both are ibv_pd to the application). */
 SHMV_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 {
 	if (!pd)
 		return EINVAL;
 	if (!to_context(pd->context))
 		SHMV_FORWARD_INT(ibv_dealloc_pd, "IBVERBS_1.1", pd);
-	return dealloc_pd(*Pd::from(pd));
+	if (ParentDomain *pdom = ParentDomain::from(pd))
+		return guard_int([&] { return dealloc_parent_domain(*pdom); });
+	return guard_int([&] { return dealloc_pd(*Pd::from(pd)); });
+}
+
+SHMV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
+					    uint64_t iova, unsigned int access)
+{
+	if (!pd)
+		return fail_ptr<struct ibv_mr>(EINVAL);
+	Context *c = to_context(pd->context);
+	if (!c)
+		SHMV_FORWARD_PTR(ibv_reg_mr_iova2, "IBVERBS_1.8", pd, addr, length, iova, access);
+	return register_mr(*c, pd, addr, length, iova, access);
+}
+
+SHMV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+	if (!pd)
+		return fail_ptr<struct ibv_mr>(EINVAL);
+	Context *c = to_context(pd->context);
+	if (!c)
+		SHMV_FORWARD_PTR(ibv_reg_mr, "IBVERBS_1.1", pd, addr, length, access);
+	return register_mr(*c, pd, addr, length, reinterpret_cast<uintptr_t>(addr),
+			   static_cast<unsigned int>(access));
+}
+
+SHMV_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length,
+					   uint64_t iova, int access)
+{
+	if (!pd)
+		return fail_ptr<struct ibv_mr>(EINVAL);
+	Context *c = to_context(pd->context);
+	if (!c)
+		SHMV_FORWARD_PTR(ibv_reg_mr_iova, "IBVERBS_1.7", pd, addr, length, iova, access);
+	return register_mr(*c, pd, addr, length, iova, static_cast<unsigned int>(access));
+}
+
+SHMV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+					     uint64_t iova, int fd, int access)
+{
+	if (!pd)
+		return fail_ptr<struct ibv_mr>(EINVAL);
+	if (!to_context(pd->context))
+		SHMV_FORWARD_PTR(ibv_reg_dmabuf_mr, "IBVERBS_1.12", pd, offset, length, iova, fd,
+				 access);
+	return fail_ptr<struct ibv_mr>(EOPNOTSUPP);
+}
+
+/*
+ * Returns 0 or one of IBV_REREG_MR_ERR_* with errno set, as libibverbs:
+ * _INPUT for what libibverbs itself refuses (the MR is untouched), _CMD for
+ * what the kernel refuses. We never fail after a change, so _DO_FORK_OLD and
+ * the fork variants do not occur (fork protection is not emulated).
+ */
+SHMV_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
+			     size_t length, int access)
+{
+	if (!mr) {
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_INPUT;
+	}
+	Context *c = to_context(mr->context);
+	if (!c) {
+		if (auto fp = SHMV_NEXT(ibv_rereg_mr, "IBVERBS_1.1"))
+			return fp(mr, flags, pd, addr, length, access);
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_INPUT;
+	}
+	Mr *m = Mr::from(mr);
+	if (m->type != MrType::User || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) ||
+	    ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!length || !addr)) ||
+	    (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_INPUT;
+	}
+	/* The kernel looks the new PD up by handle in this context. */
+	Pd *new_pd = nullptr;
+	if ((flags & IBV_REREG_MR_CHANGE_PD) && pd && pd->context == mr->context)
+		new_pd = Pd::from(pd);
+	int err = guard_int([&] {
+		return rereg_mr(*m, flags, new_pd, addr, length, static_cast<uint32_t>(access));
+	});
+	if (err) {
+		errno = err;
+		return IBV_REREG_MR_ERR_CMD;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_PD)
+		mr->pd = pd;
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		mr->addr = addr;
+		mr->length = length;
+	}
+	return 0;
+}
+
+SHMV_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
+{
+	if (!mr)
+		return EINVAL;
+	if (!to_context(mr->context))
+		SHMV_FORWARD_INT(ibv_dereg_mr, "IBVERBS_1.1", mr);
+	return guard_int([&] { return dereg_mr(*Mr::from(mr)); });
 }

@@ -1,0 +1,423 @@
+/* SPDX-License-Identifier: MIT */
+#include "mr.h"
+#include "device.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <map>
+#include <new>
+#include <thread>
+#include <type_traits>
+
+namespace shmverbs {
+
+static_assert(std::is_standard_layout_v<Mr> && offsetof(Mr, ibv) == 0);
+static_assert(std::is_standard_layout_v<Mw> && offsetof(Mw, ibv) == 0);
+static_assert(std::is_standard_layout_v<KeySlot>,
+	      "slots are meant to move into shared memory: plain fields only");
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+	      "key and reader counts must stay lock-free to be shareable between processes");
+
+/* ---- KeyRef ---- */
+
+KeyRef &KeyRef::operator=(KeyRef &&other) noexcept
+{
+	if (this != &other) {
+		release();
+		slot_ = other.slot_;
+		other.slot_ = nullptr;
+	}
+	return *this;
+}
+
+void KeyRef::release()
+{
+	if (!slot_)
+		return;
+	/* Pairs with the load in KeyTable::unpublish(): our reads of the entry
+	 * happen before the writer's next update of it. */
+	slot_->readers.fetch_sub(1, std::memory_order_release);
+	slot_ = nullptr;
+}
+
+bool KeyRef::permits(uint64_t iova, uint64_t length, uint32_t access) const
+{
+	const KeyEntry &e = slot_->entry;
+	if (e.kind == KeyKind::NullMr)
+		return (access & ~uint32_t(IBV_ACCESS_LOCAL_WRITE)) == 0;
+	if ((e.access & access) != access)
+		return false;
+	if (iova < e.iova)
+		return false;
+	uint64_t offset = iova - e.iova;
+	return offset <= e.length && length <= e.length - offset;
+}
+
+/* ---- KeyTable ---- */
+
+KeyTable::KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space)
+	: max_mr_(max_mr), max_mw_(max_mw),
+	  index_space_(std::min(std::max(index_space, first_index), index_space_max)),
+	  chunks_(std::make_unique<std::atomic<KeySlot *>[]>((index_space_ + chunk_size - 1) /
+							      chunk_size))
+{
+	std::lock_guard guard(lock_);
+	KeySlot &null_slot = slot_alloc(null_index);
+	null_slot.entry = KeyEntry{};
+	null_slot.entry.kind = KeyKind::NullMr;
+	null_slot.entry.access = IBV_ACCESS_LOCAL_WRITE;
+	null_slot.entry.length = UINT64_MAX;
+	null_slot.entry.owner_pid = static_cast<int32_t>(getpid());
+	null_key_ = make_key(null_index, 0);
+	null_slot.key.store(null_key_, std::memory_order_release);
+}
+
+KeyTable::~KeyTable()
+{
+	size_t n = (index_space_ + chunk_size - 1) / chunk_size;
+	for (size_t i = 0; i < n; i++)
+		delete[] chunks_[i].load(std::memory_order_relaxed);
+}
+
+KeyTable &KeyTable::of(const Device &dev)
+{
+	static std::mutex lock;
+	/* Never freed, like the devices: threads may still use a table while
+	 * the process exits. */
+	static auto *tables = new std::map<uint32_t, KeyTable *>;
+	std::lock_guard guard(lock);
+	KeyTable *&table = (*tables)[dev.index];
+	if (!table) {
+		struct ibv_device_attr attr = dev.device_attr();
+		table = new KeyTable(static_cast<uint32_t>(attr.max_mr),
+				     static_cast<uint32_t>(attr.max_mw));
+	}
+	return *table;
+}
+
+KeySlot *KeyTable::slot(uint32_t index) const
+{
+	if (index >= index_space_)
+		return nullptr;
+	/* Pairs with the release store in slot_alloc(). */
+	KeySlot *chunk = chunks_[index >> chunk_bits].load(std::memory_order_acquire);
+	return chunk ? &chunk[index & (chunk_size - 1)] : nullptr;
+}
+
+KeySlot &KeyTable::slot_alloc(uint32_t index)
+{
+	std::atomic<KeySlot *> &chunk = chunks_[index >> chunk_bits];
+	KeySlot *slots = chunk.load(std::memory_order_relaxed);
+	if (!slots) {
+		slots = new KeySlot[chunk_size];
+		chunk.store(slots, std::memory_order_release);
+	}
+	return slots[index & (chunk_size - 1)];
+}
+
+int KeyTable::reserve(KeyKind kind, uint32_t &index)
+{
+	std::lock_guard guard(lock_);
+	uint32_t &count = kind == KeyKind::Mw ? mw_count_ : mr_count_;
+	if (count >= (kind == KeyKind::Mw ? max_mw_ : max_mr_))
+		return ENOMEM;
+	if (recycled_.size() > reuse_delay || next_fresh_ >= index_space_) {
+		if (recycled_.empty())
+			return ENOMEM;
+		index = recycled_.front();
+		recycled_.pop_front();
+	} else {
+		index = next_fresh_++;
+		slot_alloc(index);
+	}
+	count++;
+	return 0;
+}
+
+uint32_t KeyTable::publish(uint32_t index, const KeyEntry &entry, uint8_t variant)
+{
+	std::lock_guard guard(lock_);
+	KeySlot &s = *slot(index);
+	s.entry = entry;
+	s.variant = variant;
+	uint32_t key = make_key(index, variant);
+	/* Pairs with the load in acquire(): a reader that sees the key sees
+	 * the entry written above. */
+	s.key.store(key, std::memory_order_release);
+	return key;
+}
+
+void KeyTable::unpublish(uint32_t index)
+{
+	KeySlot &s = *slot(index);
+	/* Dekker-style with acquire(): we store the key then load the reader
+	 * count, a reader increments the count then loads the key (all
+	 * seq_cst), so either we see its count or it sees the key withdrawn. */
+	s.key.store(0, std::memory_order_seq_cst);
+	for (unsigned spins = 0; s.readers.load(std::memory_order_seq_cst) != 0; spins++) {
+		if (spins < 1000)
+			std::this_thread::yield();
+		else
+			std::this_thread::sleep_for(std::chrono::microseconds(50));
+	}
+}
+
+void KeyTable::release(uint32_t index, KeyKind kind)
+{
+	std::lock_guard guard(lock_);
+	uint32_t &count = kind == KeyKind::Mw ? mw_count_ : mr_count_;
+	count--;
+	recycled_.push_back(index);
+}
+
+uint8_t KeyTable::variant(uint32_t index) const
+{
+	std::lock_guard guard(lock_);
+	const KeySlot *s = slot(index);
+	return s ? s->variant : 0;
+}
+
+KeyRef KeyTable::acquire(uint32_t key) const
+{
+	if (key_index(key) < null_index)
+		return {};
+	KeySlot *s = slot(key_index(key));
+	if (!s)
+		return {};
+	s->readers.fetch_add(1, std::memory_order_seq_cst);
+	if (s->key.load(std::memory_order_seq_cst) != key) {
+		s->readers.fetch_sub(1, std::memory_order_release);
+		return {};
+	}
+	return KeyRef(s);
+}
+
+uint32_t KeyTable::mr_count() const
+{
+	std::lock_guard guard(lock_);
+	return mr_count_;
+}
+
+uint32_t KeyTable::mw_count() const
+{
+	std::lock_guard guard(lock_);
+	return mw_count_;
+}
+
+/* ---- MRs ---- */
+
+namespace {
+
+/* The uverbs object handle; unique in the process, never 0. */
+std::atomic<uint32_t> next_handle{1};
+
+uint64_t page_size()
+{
+	static const uint64_t size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+	return size;
+}
+
+/* What ib_umem_get() refuses before and while pinning: an range that wraps
+ * (EINVAL), no pages (EINVAL), pages that are not mapped (EFAULT). msync()
+ * with MS_ASYNC only walks the mappings and fails with ENOMEM on a hole. */
+int check_user_range(uint64_t addr, uint64_t length)
+{
+	const uint64_t page = page_size();
+	uint64_t end = addr + length;
+	uint64_t end_aligned = (end + page - 1) & ~(page - 1);
+	if (end < addr || end_aligned < end)
+		return EINVAL;
+	if (length == 0)
+		return EINVAL;
+	uint64_t start = addr & ~(page - 1);
+	if (msync(reinterpret_cast<void *>(start), end_aligned - start, MS_ASYNC) != 0)
+		return EFAULT;
+	return 0;
+}
+
+KeyEntry mr_entry(const Mr &mr)
+{
+	KeyEntry e{};
+	e.kind = KeyKind::Mr;
+	e.access = mr.access;
+	e.pdn = mr.pd->pdn;
+	e.owner_pid = static_cast<int32_t>(getpid());
+	e.iova = mr.iova;
+	e.length = mr.length;
+	e.addr = mr.addr;
+	return e;
+}
+
+} // namespace
+
+int check_mr_access(uint32_t access)
+{
+	constexpr uint32_t known = ((IBV_ACCESS_HUGETLB << 1) - 1) | IBV_ACCESS_OPTIONAL_RANGE;
+	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+	    !(access & IBV_ACCESS_LOCAL_WRITE))
+		return EINVAL;
+	if (access & ~known)
+		return EINVAL;
+	if (access & IBV_ACCESS_ON_DEMAND)
+		return EOPNOTSUPP;
+	return 0;
+}
+
+Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova,
+		  uint32_t access)
+{
+	const uint64_t start = reinterpret_cast<uintptr_t>(addr);
+	/* libibverbs: implicit ODP must name the whole address space from 0. */
+	if ((access & IBV_ACCESS_ON_DEMAND) && length == SIZE_MAX && addr)
+		return Err{EINVAL};
+	/* uverbs: the iova must sit at the same offset in its page. */
+	if ((start ^ iova) & (page_size() - 1))
+		return Err{EINVAL};
+	if (int err = check_mr_access(access))
+		return Err{err};
+	if (int err = check_user_range(start, length))
+		return Err{err};
+
+	KeyTable &keys = KeyTable::of(*ctx.device);
+	uint32_t index;
+	if (int err = keys.reserve(KeyKind::Mr, index))
+		return Err{err};
+	auto *mr = new (std::nothrow) Mr{};
+	if (!mr) {
+		keys.release(index, KeyKind::Mr);
+		return Err{ENOMEM};
+	}
+	mr->type = MrType::User;
+	mr->pd = &pd;
+	mr->access = access;
+	mr->addr = start;
+	mr->length = length;
+	mr->iova = iova;
+	mr->index = index;
+	mr->keys = &keys;
+	pd.uses.get();
+	uint32_t key = keys.publish(index, mr_entry(*mr), uint8_t(keys.variant(index) + 1));
+	mr->ibv.context = ctx.abi();
+	mr->ibv.lkey = key;
+	mr->ibv.rkey = key;
+	mr->ibv.handle = next_handle.fetch_add(1, std::memory_order_relaxed);
+	return mr;
+}
+
+int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t access)
+{
+	const uint64_t start = reinterpret_cast<uintptr_t>(addr);
+	if (flags == 0 || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED))
+		return EINVAL;
+	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!start || !length))
+		return EINVAL;
+	if (mr.type != MrType::User)
+		return EINVAL;
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+		if (int err = check_mr_access(access))
+			return err;
+	if ((flags & IBV_REREG_MR_CHANGE_PD) && !new_pd)
+		return EINVAL;
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION)
+		if (int err = check_user_range(start, length))
+			return err;
+
+	Pd *old_pd = mr.pd;
+	Pd *pd = (flags & IBV_REREG_MR_CHANGE_PD) ? new_pd : old_pd;
+	if (pd != old_pd)
+		pd->uses.get();
+
+	KeyTable &keys = *mr.keys;
+	keys.unpublish(mr.index);
+	uint8_t variant = keys.variant(mr.index);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		mr.addr = start;
+		mr.length = length;
+		mr.iova = start;
+		variant++;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+		mr.access = access;
+	mr.pd = pd;
+	uint32_t key = keys.publish(mr.index, mr_entry(mr), variant);
+	mr.ibv.lkey = key;
+	mr.ibv.rkey = key;
+
+	if (pd != old_pd)
+		old_pd->uses.put();
+	return 0;
+}
+
+int dereg_mr(Mr &mr)
+{
+	if (mr.type == MrType::User) {
+		mr.keys->unpublish(mr.index);
+		mr.keys->release(mr.index, KeyKind::Mr);
+		mr.pd->uses.put();
+	}
+	delete &mr;
+	return 0;
+}
+
+Result<Mr> alloc_null_mr(Context &ctx, Pd &pd)
+{
+	auto *mr = new (std::nothrow) Mr{};
+	if (!mr)
+		return Err{ENOMEM};
+	KeyTable &keys = KeyTable::of(*ctx.device);
+	mr->type = MrType::Null;
+	mr->pd = &pd;
+	mr->access = IBV_ACCESS_LOCAL_WRITE;
+	mr->length = SIZE_MAX;
+	mr->keys = &keys;
+	mr->ibv.context = ctx.abi();
+	mr->ibv.lkey = keys.null_key();
+	mr->ibv.addr = nullptr;
+	mr->ibv.length = SIZE_MAX;
+	return mr;
+}
+
+/* ---- MWs ---- */
+
+Result<Mw> alloc_mw(Context &ctx, Pd &pd, enum ibv_mw_type type)
+{
+	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2)
+		return Err{EINVAL};
+	KeyTable &keys = KeyTable::of(*ctx.device);
+	uint32_t index;
+	if (int err = keys.reserve(KeyKind::Mw, index))
+		return Err{err};
+	auto *mw = new (std::nothrow) Mw{};
+	if (!mw) {
+		keys.release(index, KeyKind::Mw);
+		return Err{ENOMEM};
+	}
+	mw->pd = &pd;
+	mw->index = index;
+	mw->keys = &keys;
+	pd.uses.get();
+
+	/* Unbound: the key exists (and is unique) but grants nothing. */
+	KeyEntry e{};
+	e.kind = KeyKind::Mw;
+	e.pdn = pd.pdn;
+	e.owner_pid = static_cast<int32_t>(getpid());
+	mw->ibv.context = ctx.abi();
+	mw->ibv.rkey = keys.publish(index, e, uint8_t(keys.variant(index) + 1));
+	mw->ibv.handle = next_handle.fetch_add(1, std::memory_order_relaxed);
+	mw->ibv.type = type;
+	return mw;
+}
+
+int dealloc_mw(Mw &mw)
+{
+	mw.keys->unpublish(mw.index);
+	mw.keys->release(mw.index, KeyKind::Mw);
+	mw.pd->uses.put();
+	delete &mw;
+	return 0;
+}
+
+} // namespace shmverbs

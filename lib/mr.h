@@ -1,0 +1,243 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Memory regions, memory windows and the per-device key table.
+ *
+ * Keys. As with mlx5's mkeys, an lkey/rkey is `index << 8 | variant`: the
+ * index names a slot of the device's KeyTable, the low byte is bumped each
+ * time the slot is (re)published, so a stale key (a deregistered MR, an MR
+ * whose translation changed, a rebound type 1 window) never reaches the
+ * slot's new contents. MRs and MWs share one key space, so every lkey/rkey is
+ * unique on its device; an MR's lkey and rkey are equal, as on mlx5.
+ *
+ * The data path (next issue) resolves a key on every operation:
+ *
+ *   KeyRef ref = KeyTable::of(dev).acquire(wr_key);
+ *   if (!ref || ref->pdn != qp_pdn || !ref.permits(iova, len, IBV_ACCESS_REMOTE_WRITE))
+ *           -> IBV_WC_REM_ACCESS_ERR / IBV_WC_LOC_PROT_ERR
+ *   memcpy(reinterpret_cast<void *>(ref.address_of(iova)), ...);
+ *   // ref released at scope exit
+ *
+ * acquire() is lock-free (two atomic operations on the slot). A KeyRef pins
+ * the slot's contents: ibv_dereg_mr() and ibv_rereg_mr() withdraw the key
+ * first and then wait until no KeyRef on it remains, so when they return no
+ * operation can still touch the memory (DESIGN-NOTES section 3).
+ *
+ * Slots hold fixed-width fields only (no pointers), so the table can later
+ * move into memory shared between the processes that open a device, where
+ * the broker hands out indices; the owner's pid is recorded for the
+ * process_vm_readv/writev fallback.
+ */
+#pragma once
+
+#include "context.h"
+#include "pd.h"
+#include "result.h"
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+namespace shmverbs {
+
+struct Device;
+
+enum class KeyKind : uint8_t {
+	Unused,
+	Mr,     /* a registered region */
+	NullMr, /* ibv_alloc_null_mr(): local writes are discarded, nothing is read */
+	Mw,     /* a memory window; length 0 (no access) until bound */
+};
+
+constexpr uint32_t key_index(uint32_t key) { return key >> 8; }
+constexpr uint8_t key_variant(uint32_t key) { return static_cast<uint8_t>(key); }
+constexpr uint32_t make_key(uint32_t index, uint8_t variant) { return index << 8 | variant; }
+
+/* What a key grants. */
+struct KeyEntry {
+	KeyKind kind;
+	uint32_t access;     /* IBV_ACCESS_* as registered (local read is implied) */
+	uint32_t pdn;        /* protection domain proper (never a parent domain) */
+	uint32_t parent_key; /* MW: the key of the MR it is bound to, else 0 */
+	int32_t owner_pid;   /* process whose address space addr refers to */
+	uint64_t iova;       /* first address of the range, in the key's address space */
+	uint64_t length;
+	uint64_t addr;       /* owner's virtual address of iova */
+};
+
+struct KeySlot {
+	/* The live key, or 0 while the slot is not published (index 0 is never
+	 * handed out, so 0 never names a live key). */
+	std::atomic<uint32_t> key{0};
+	/* KeyRefs currently held on this slot. */
+	std::atomic<uint32_t> readers{0};
+	uint8_t variant = 0; /* of the last key published here; guarded by the table lock */
+	KeyEntry entry{};    /* written only while unpublished and unread */
+};
+
+/* A held key: the entry stays as it is until the KeyRef is released. */
+class KeyRef {
+public:
+	KeyRef() = default;
+	explicit KeyRef(KeySlot *slot) : slot_(slot) {}
+	KeyRef(KeyRef &&other) noexcept : slot_(other.slot_) { other.slot_ = nullptr; }
+	KeyRef &operator=(KeyRef &&other) noexcept;
+	KeyRef(const KeyRef &) = delete;
+	KeyRef &operator=(const KeyRef &) = delete;
+	~KeyRef() { release(); }
+
+	explicit operator bool() const { return slot_ != nullptr; }
+	const KeyEntry &operator*() const { return slot_->entry; }
+	const KeyEntry *operator->() const { return &slot_->entry; }
+
+	/* [iova, iova + length) lies inside the entry's range and the entry
+	 * grants every bit of `access` (0 asks for local read only). A null MR
+	 * permits any local range. */
+	bool permits(uint64_t iova, uint64_t length, uint32_t access) const;
+	/* The owner's virtual address of iova; meaningful where permits() held. */
+	uint64_t address_of(uint64_t iova) const { return slot_->entry.addr + (iova - slot_->entry.iova); }
+
+	void release();
+
+private:
+	KeySlot *slot_ = nullptr;
+};
+
+/*
+ * The keys of one device. Index allocation and publication take a mutex
+ * (control path); acquire() is lock-free. Slots live in chunks that are
+ * allocated on first use and never freed, so a reader can never touch freed
+ * memory, whatever it races with.
+ */
+class KeyTable {
+public:
+	static constexpr uint32_t index_space_max = 1u << 24;
+
+	/* max_mr/max_mw: the device limits (ENOMEM beyond them); index_space:
+	 * number of slot indices, reserved ones included (tests shrink it). */
+	KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space = index_space_max);
+	~KeyTable();
+	KeyTable(const KeyTable &) = delete;
+	KeyTable &operator=(const KeyTable &) = delete;
+
+	/* The table of an emulated device; created on first use, never freed. */
+	static KeyTable &of(const Device &dev);
+
+	/* Takes a free slot for an MR or MW: 0 and its index, or ENOMEM when the
+	 * device limit for that kind or the index space is exhausted. */
+	int reserve(KeyKind kind, uint32_t &index);
+	/* Publishes an entry in a reserved, unpublished slot under the key
+	 * make_key(index, variant) and returns that key. */
+	uint32_t publish(uint32_t index, const KeyEntry &entry, uint8_t variant);
+	/* Withdraws the slot's key and returns once no KeyRef on it remains. */
+	void unpublish(uint32_t index);
+	/* Gives an unpublished slot of that kind back. Indices are reused only
+	 * after a delay, and with another variant, so stale keys keep failing. */
+	void release(uint32_t index, KeyKind kind);
+
+	/* The variant of the key last published in a slot. */
+	uint8_t variant(uint32_t index) const;
+	/* The entry of a live key, or an empty KeyRef. Lock-free. */
+	KeyRef acquire(uint32_t key) const;
+
+	/* The lkey of every null MR of the device (mlx5's dump-and-fill mkey). */
+	uint32_t null_key() const { return null_key_; }
+
+	uint32_t mr_count() const;
+	uint32_t mw_count() const;
+
+private:
+	static constexpr uint32_t chunk_bits = 12;
+	static constexpr uint32_t chunk_size = 1u << chunk_bits;
+	/* Index 0 never names a live key; index 1 would give key 0x100, mlx5's
+	 * MLX5_INVALID_LKEY; index 2 is the null MR's. */
+	static constexpr uint32_t null_index = 2;
+	static constexpr uint32_t first_index = 3;
+	/* Freed indices wait in a FIFO until this many others are freed. */
+	static constexpr size_t reuse_delay = 256;
+
+	KeySlot *slot(uint32_t index) const;
+	KeySlot &slot_alloc(uint32_t index); /* under lock_ */
+
+	const uint32_t max_mr_, max_mw_, index_space_;
+	std::unique_ptr<std::atomic<KeySlot *>[]> chunks_;
+	mutable std::mutex lock_;
+	uint32_t next_fresh_ = first_index;
+	std::deque<uint32_t> recycled_;
+	uint32_t mr_count_ = 0, mw_count_ = 0;
+	uint32_t null_key_ = 0;
+};
+
+/* ---- Memory regions ---- */
+
+enum class MrType : uint8_t {
+	User, /* ibv_reg_mr and friends */
+	Null, /* ibv_alloc_null_mr */
+};
+
+struct Mr {
+	struct ibv_mr ibv; /* first: ibv_mr* <-> Mr* */
+	MrType type;
+	/* The protection domain proper; a user MR holds a use on it. A null MR
+	 * holds none: in libmlx5 it is no kernel object. */
+	Pd *pd;
+	uint32_t access;
+	/* The registered range: our own copy, since ibv.addr/ibv.length are the
+	 * application's to read (and, carelessly, to write). */
+	uint64_t addr;
+	uint64_t length;
+	uint64_t iova;
+	uint32_t index; /* key-table slot (user MRs) */
+	KeyTable *keys;
+
+	struct ibv_mr *abi() { return &ibv; }
+	static Mr *from(struct ibv_mr *mr) { return reinterpret_cast<Mr *>(mr); }
+};
+
+/* The kernel's access check (ib_check_mr_access, Linux 6.x): remote write or
+ * remote atomic without local write, or a bit outside the known and optional
+ * ranges: EINVAL; on-demand paging, which we do not offer: EOPNOTSUPP. */
+int check_mr_access(uint32_t access);
+
+/* ibv_reg_mr_iova2() behind libibverbs: the checks of libibverbs, uverbs and
+ * ib_umem_get in their order (ODP whole-address-space form, iova page offset,
+ * access, overflow, zero length, unmapped memory -> EFAULT, device limit ->
+ * ENOMEM). Fills the ABI struct except pd/addr/length, which the caller sets
+ * as libibverbs does. */
+Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova,
+		  uint32_t access);
+
+/* The uverbs part of ibv_rereg_mr(): flags (0 or unknown: EINVAL), new
+ * translation (iova = addr, as libmlx5 passes it), new access, new PD
+ * (nullptr with IBV_REREG_MR_CHANGE_PD: EINVAL). A new translation gives the
+ * MR new keys; a PD or access change keeps them (as mlx5's in-place UMR
+ * update does). On failure the MR is left as it was. */
+int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t access);
+
+/* Returns once no operation can still use the MR's key. Memory windows bound
+ * to it stay allocated but grant nothing any more (mlx5 does not refuse). */
+int dereg_mr(Mr &mr);
+
+/* A null MR: lkey is the device's discard key, length SIZE_MAX, addr NULL. */
+Result<Mr> alloc_null_mr(Context &ctx, Pd &pd);
+
+/* ---- Memory windows ---- */
+
+struct Mw {
+	struct ibv_mw ibv; /* first: ibv_mw* <-> Mw* */
+	Pd *pd;            /* holds a use */
+	uint32_t index;
+	KeyTable *keys;
+
+	struct ibv_mw *abi() { return &ibv; }
+	static Mw *from(struct ibv_mw *mw) { return reinterpret_cast<Mw *>(mw); }
+};
+
+/* Types 1 and 2 (mlx5 has both); any other type: EINVAL, as uverbs. */
+Result<Mw> alloc_mw(Context &ctx, Pd &pd, enum ibv_mw_type type);
+int dealloc_mw(Mw &mw);
+
+} // namespace shmverbs

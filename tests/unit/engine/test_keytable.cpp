@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: MIT */
+/* The per-device key table: allocation, publication, lookup and withdrawal. */
+#include "mr.h"
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <thread>
+#include <vector>
+
+using namespace shmverbs;
+
+namespace {
+
+KeyEntry mr_entry(uint64_t iova, uint64_t length, uint32_t access, uint32_t pdn = 7)
+{
+	KeyEntry e{};
+	e.kind = KeyKind::Mr;
+	e.access = access;
+	e.pdn = pdn;
+	e.iova = iova;
+	e.length = length;
+	e.addr = iova + 0x1000;
+	return e;
+}
+
+} // namespace
+
+TEST_CASE("keys: index in the high 24 bits, variant in the low 8", "[keys]")
+{
+	CHECK(make_key(0x123456, 0x78) == 0x12345678u);
+	CHECK(key_index(0x12345678u) == 0x123456u);
+	CHECK(key_variant(0x12345678u) == 0x78u);
+}
+
+TEST_CASE("publish, acquire, unpublish", "[keys]")
+{
+	KeyTable t(100, 100);
+	uint32_t index;
+	REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+	CHECK(index >= 3); /* 0 never names a key, 1 would be MLX5_INVALID_LKEY, 2 is the null MR */
+
+	/* Reserved but unpublished: nothing to find. */
+	CHECK_FALSE(t.acquire(make_key(index, 0)));
+	CHECK_FALSE(t.acquire(make_key(index, 1)));
+
+	uint32_t key = t.publish(index, mr_entry(0x10000, 0x2000, IBV_ACCESS_LOCAL_WRITE), 1);
+	CHECK(key == make_key(index, 1));
+	{
+		KeyRef ref = t.acquire(key);
+		REQUIRE(ref);
+		CHECK(ref->kind == KeyKind::Mr);
+		CHECK(ref->pdn == 7);
+		CHECK(ref.address_of(0x10010) == 0x11010);
+	}
+	/* Another variant of the same index is a stale key. */
+	CHECK_FALSE(t.acquire(make_key(index, 2)));
+	CHECK_FALSE(t.acquire(make_key(index, 0)));
+	/* Keys outside the table, and key 0. */
+	CHECK_FALSE(t.acquire(0));
+	CHECK_FALSE(t.acquire(0xffffffffu));
+	CHECK_FALSE(t.acquire(make_key(index + 1, 1)));
+
+	t.unpublish(index);
+	CHECK_FALSE(t.acquire(key));
+	uint32_t key2 = t.publish(index, mr_entry(0, 10, 0), uint8_t(t.variant(index) + 1));
+	CHECK(key2 != key);
+	CHECK_FALSE(t.acquire(key));
+	CHECK(t.acquire(key2));
+	t.unpublish(index);
+	t.release(index, KeyKind::Mr);
+	CHECK(t.mr_count() == 0);
+}
+
+TEST_CASE("permits: range and access", "[keys]")
+{
+	KeyTable t(10, 10);
+	uint32_t index;
+	REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+	const uint32_t access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+	uint32_t key = t.publish(index, mr_entry(1000, 100, access), 1);
+	KeyRef ref = t.acquire(key);
+	REQUIRE(ref);
+	struct Row {
+		uint64_t iova, length;
+		uint32_t access;
+		bool ok;
+	};
+	const Row rows[] = {
+		{1000, 100, 0, true},
+		{1000, 100, IBV_ACCESS_LOCAL_WRITE, true},
+		{1050, 50, IBV_ACCESS_REMOTE_READ, true},
+		{1100, 0, 0, true},
+		{999, 1, 0, false},
+		{1000, 101, 0, false},
+		{1099, 2, 0, false},
+		{1101, 0, 0, false},
+		{1000, 10, IBV_ACCESS_REMOTE_WRITE, false},
+		{1000, 10, IBV_ACCESS_REMOTE_ATOMIC, false},
+		{1000, 10, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE, false},
+		{1050, UINT64_MAX, 0, false},
+	};
+	for (const Row &r : rows) {
+		INFO("iova " << r.iova << " length " << r.length << " access " << r.access);
+		CHECK(ref.permits(r.iova, r.length, r.access) == r.ok);
+	}
+}
+
+TEST_CASE("the null MR key is permanent and grants local access anywhere", "[keys]")
+{
+	KeyTable t(10, 10);
+	KeyRef ref = t.acquire(t.null_key());
+	REQUIRE(ref);
+	CHECK(ref->kind == KeyKind::NullMr);
+	CHECK(ref.permits(0, UINT64_MAX, IBV_ACCESS_LOCAL_WRITE));
+	CHECK(ref.permits(0xdead0000, 64, 0));
+	CHECK_FALSE(ref.permits(0, 64, IBV_ACCESS_REMOTE_READ));
+	CHECK(t.null_key() != 0x100); /* MLX5_INVALID_LKEY */
+}
+
+TEST_CASE("device limits and index exhaustion", "[keys]")
+{
+	SECTION("MR and MW limits are separate")
+	{
+		KeyTable t(3, 2);
+		uint32_t index;
+		for (int i = 0; i < 3; i++)
+			REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+		CHECK(t.reserve(KeyKind::Mr, index) == ENOMEM);
+		REQUIRE(t.reserve(KeyKind::Mw, index) == 0);
+		REQUIRE(t.reserve(KeyKind::Mw, index) == 0);
+		CHECK(t.reserve(KeyKind::Mw, index) == ENOMEM);
+		t.release(index, KeyKind::Mw);
+		CHECK(t.reserve(KeyKind::Mw, index) == 0);
+	}
+	SECTION("a small index space runs out, then recycles")
+	{
+		KeyTable t(1000, 1000, 8); /* indices 3..7 */
+		std::set<uint32_t> got;
+		uint32_t index;
+		for (int i = 0; i < 5; i++) {
+			REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+			CHECK(got.insert(index).second);
+		}
+		CHECK(t.reserve(KeyKind::Mr, index) == ENOMEM);
+		t.release(5, KeyKind::Mr);
+		REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+		CHECK(index == 5);
+	}
+}
+
+TEST_CASE("freed indices are not reused at once", "[keys]")
+{
+	KeyTable t(100000, 100000);
+	std::set<uint32_t> seen;
+	uint32_t index;
+	for (int i = 0; i < 200; i++) {
+		REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+		CHECK(seen.insert(index).second);
+		t.release(index, KeyKind::Mr);
+	}
+}
+
+TEST_CASE("unpublish waits for the readers of the key", "[keys][threads]")
+{
+	KeyTable t(10, 10);
+	uint32_t index;
+	REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+	uint32_t key = t.publish(index, mr_entry(0, 64, 0), 1);
+
+	KeyRef held = t.acquire(key);
+	REQUIRE(held);
+	std::atomic<bool> done{false};
+	std::thread writer([&] {
+		t.unpublish(index);
+		done = true;
+	});
+	/* The key is withdrawn at once, but unpublish() does not return while
+	 * our reference exists. */
+	auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+	while (t.acquire(key) && std::chrono::steady_clock::now() < deadline)
+		std::this_thread::yield();
+	CHECK_FALSE(t.acquire(key));
+	std::this_thread::sleep_for(std::chrono::milliseconds(20));
+	CHECK_FALSE(done);
+	held.release();
+	writer.join();
+	CHECK(done);
+}
+
+TEST_CASE("lookups racing with republication see whole entries", "[keys][threads]")
+{
+	KeyTable t(10, 10);
+	uint32_t index;
+	REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+	/* Every published entry satisfies addr == iova * 3 and length == iova. */
+	auto entry = [](uint64_t n) {
+		KeyEntry e{};
+		e.kind = KeyKind::Mr;
+		e.iova = n;
+		e.length = n;
+		e.addr = n * 3;
+		return e;
+	};
+	std::atomic<uint32_t> current{t.publish(index, entry(1), 1)};
+	std::atomic<bool> stop{false};
+	std::atomic<int> torn{0}, hits{0};
+	std::vector<std::thread> readers;
+	for (int r = 0; r < 2; r++)
+		readers.emplace_back([&] {
+			while (!stop) {
+				KeyRef ref = t.acquire(current.load());
+				if (!ref)
+					continue;
+				hits++;
+				if (ref->addr != ref->iova * 3 || ref->length != ref->iova)
+					torn++;
+			}
+		});
+	/* Republish until the readers have had their chances (bounded). */
+	auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+	for (uint64_t n = 2; (n < 2000 || hits < 1000) && std::chrono::steady_clock::now() < deadline;
+	     n++) {
+		t.unpublish(index);
+		current = t.publish(index, entry(n), uint8_t(t.variant(index) + 1));
+		if (n % 64 == 0)
+			std::this_thread::yield();
+	}
+	stop = true;
+	for (std::thread &r : readers)
+		r.join();
+	CHECK(torn == 0);
+	CHECK(hits > 0);
+}
