@@ -534,21 +534,6 @@ SHMV_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
 }
 
 /* ---------------------------------------------------------------------------
- * dma-buf memory regions need a device that can map another driver's
- * buffer; the emulation has no DMA at all.
- */
-SHMV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
-					     uint64_t iova, int fd, int access)
-{
-	if (!pd)
-		return fail_ptr<struct ibv_mr>(EINVAL);
-	if (!to_context(pd->context))
-		SHMV_FORWARD_PTR(ibv_reg_dmabuf_mr, "IBVERBS_1.12", pd, offset, length, iova, fd,
-				 access);
-	return fail_ptr<struct ibv_mr>(EOPNOTSUPP);
-}
-
-/* ---------------------------------------------------------------------------
  * ibv_query_qp_data_in_order(3): 1 only when the data of one WQE is
  * guaranteed to land in order, so that a reader may poll the buffer instead
  * of the CQ. The emulation copies payloads with memcpy, whose stores x86 may

@@ -631,20 +631,6 @@ TEST_CASE("import and unimport: not supported by the emulated devices", "[misc][
 	CHECK(ibv_dealloc_pd(pd) == 0);
 }
 
-TEST_CASE("dma-buf MRs are not supported", "[misc][mr]")
-{
-	OpenDevice d;
-	errno = 0;
-	CHECK(ibv_reg_dmabuf_mr(nullptr, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE) == nullptr);
-	CHECK(errno == EINVAL);
-	struct ibv_pd *pd = ibv_alloc_pd(d.ctx);
-	REQUIRE(pd);
-	errno = 0;
-	CHECK(ibv_reg_dmabuf_mr(pd, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE) == nullptr);
-	CHECK(errno == EOPNOTSUPP);
-	CHECK(ibv_dealloc_pd(pd) == 0);
-}
-
 TEST_CASE("ECE and in-order data on an emulated QP", "[misc][qp]")
 {
 	OpenDevice d;
