@@ -489,6 +489,10 @@ void BrokerClient::reader_main(std::shared_ptr<Connection> c)
 		lost = !c->closing;
 		c->replied.notify_all();
 	}
+	/* Ended by the broker or by garbage on the socket: make sure the broker
+	 * sees us go too (our socket is closed only when the last caller lets
+	 * go of the connection). */
+	::shutdown(c->sock.get(), SHUT_RDWR);
 	if (lost) {
 		log_debug("broker: lost the connection to pid %d", int(c->broker_pid));
 		instance().deliver({BrokerEvent::Type::BrokerLost, c->broker_pid});
@@ -538,10 +542,14 @@ int BrokerClient::call(Frame &req, int fd, Frame *reply, int *reply_fd)
 					*reply_fd = p.fd.release();
 				return reply->h.status;
 			}
-			if (!err)
+			if (!err) {
 				err = c->broken ? ECONNRESET : ETIMEDOUT;
-			else if (err == EPIPE)
+			} else if (err == EPIPE || err == ECONNRESET) {
+				/* Do not wait for the reader to notice: the retry
+				 * must not pick this connection again. */
+				c->broken = true;
 				err = ECONNRESET;
+			}
 		}
 		if (err != ECONNRESET || attempt > 0)
 			return err;
