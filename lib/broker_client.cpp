@@ -249,7 +249,7 @@ int spawn_daemon(const std::string &dir, Clock::time_point deadline)
 /* Starts a broker unless another process did so first. The start lock makes
  * many processes that start at once start one broker. */
 int start_and_connect(const std::string &dir, double timeout_s, Clock::time_point deadline,
-		      UniqueFd *out, HelloBody *hello)
+		      UniqueFd *out, HelloBody *hello, bool *start_failed)
 {
 	std::string lock_path = runtime_path(dir, start_lock_name);
 	UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
@@ -266,8 +266,10 @@ int start_and_connect(const std::string &dir, double timeout_s, Clock::time_poin
 	int err = open_connection(sock, timeout_s, out, hello);
 	if (!err || !nobody_serves(err))
 		return err; /* someone started it while we waited for the lock */
-	if ((err = spawn_daemon(dir, deadline)))
+	if ((err = spawn_daemon(dir, deadline))) {
+		*start_failed = true;
 		return err;
+	}
 	return open_connection(sock, timeout_s, out, hello);
 }
 
@@ -289,8 +291,9 @@ int connect_or_start(double timeout_s, UniqueFd *out, HelloBody *hello)
 		err = open_connection(sock, timeout_s, out, hello);
 		if (!err || !nobody_serves(err))
 			return err;
-		err = start_and_connect(dir, timeout_s, deadline, out, hello);
-		if (!err || !nobody_serves(err))
+		bool start_failed = false;
+		err = start_and_connect(dir, timeout_s, deadline, out, hello, &start_failed);
+		if (!err || !nobody_serves(err) || start_failed)
 			return err;
 	}
 	return err ? err : ETIMEDOUT;

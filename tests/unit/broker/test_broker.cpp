@@ -358,6 +358,29 @@ TEST_CASE("a broker that dies is replaced on the next call", "[broker]")
 	CHECK(client().generation() == generation + 1);
 }
 
+TEST_CASE("when no broker can be started, calls fail at once with an errno", "[broker]")
+{
+	Fabric f;
+	struct Row {
+		const char *daemon;
+		int expected;
+	} rows[] = {
+		{"/nonexistent/shmverbsd", ENOENT},
+		{"/bin/false", ECONNREFUSED},
+	};
+	std::string saved = broker_binary();
+	for (const Row &r : rows) {
+		INFO(r.daemon);
+		setenv("SHMVERBS_BROKER", r.daemon, 1);
+		auto start = std::chrono::steady_clock::now();
+		uint32_t id;
+		CHECK(client().alloc_id(0, ObjectKind::Qp, &id) == r.expected);
+		CHECK(std::chrono::steady_clock::now() - start < 2s);
+	}
+	setenv("SHMVERBS_BROKER", saved.c_str(), 1);
+	CHECK_FALSE(f.broker_alive());
+}
+
 TEST_CASE("a socket file nobody listens on is replaced", "[broker]")
 {
 	Fabric f;
