@@ -388,8 +388,12 @@ void Server::disconnect(Connection &conn, const char *why)
 	error_code ignored;
 	conn.sock.close(ignored); /* cancels its pending waits */
 	conn.out.clear();
-	ConnectionPtr keep = connections_[conn.id];
-	connections_.erase(conn.id);
+	/* The last reference may be the map's: keep it for the rest of this. */
+	ConnectionPtr keep;
+	if (auto it = connections_.find(conn.id); it != connections_.end()) {
+		keep = it->second;
+		connections_.erase(it);
+	}
 
 	std::vector<ClientId> watchers = directory_.remove_client(conn.id);
 	log_verbose("client %llu (pid %d) gone (%s), telling %zu peer(s), %zu connected",

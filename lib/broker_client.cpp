@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -273,6 +274,10 @@ int start_and_connect(const std::string &dir, double timeout_s, Clock::time_poin
 	return open_connection(sock, timeout_s, out, hello);
 }
 
+/* Starting a broker may have to wait for an exiting one (up to 3 s, see
+ * daemon/main.cpp), so connecting gets at least this long. */
+constexpr double min_start_timeout_s = 5;
+
 int connect_or_start(double timeout_s, UniqueFd *out, HelloBody *hello)
 {
 	std::string dir = default_runtime_dir();
@@ -283,7 +288,7 @@ int connect_or_start(double timeout_s, UniqueFd *out, HelloBody *hello)
 	}
 	std::string sock = runtime_path(dir, socket_name);
 	auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-						 std::chrono::duration<double>(timeout_s));
+		std::chrono::duration<double>(std::max(timeout_s, min_start_timeout_s)));
 	int err = 0;
 	/* A broker can exit (idle) just as we connect: then we start the next
 	 * one. A few rounds, within one deadline. */

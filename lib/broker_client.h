@@ -3,8 +3,8 @@
  * The client side of the broker (docs/broker.md): one connection per
  * process, made on first use (never at library load), starting the daemon
  * if none runs. Every call blocks until the broker answers or the timeout
- * ($SHMVERBS_BROKER_TIMEOUT seconds, default 5) passes, and returns 0 or a
- * positive errno:
+ * ($SHMVERBS_BROKER_TIMEOUT seconds, default 5; connecting, which may start
+ * the daemon, gets at least 5 s) passes, and returns 0 or a positive errno:
  *   ETIMEDOUT     the broker did not answer in time
  *   ECONNRESET    the broker went away and a restarted one was gone too
  *   EACCES/EPERM  the runtime directory or the broker belongs to another
