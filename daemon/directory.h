@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The broker's state, without any I/O: which client owns which QP/SRQ
+ * number, which shared-memory segments each client registered, where each
+ * published object lives, the descriptors attached to objects, and who
+ * resolved whose objects (so that they can be told when the owner goes).
+ *
+ * Everything is owned by exactly one client, so removing a client removes
+ * all it had: a dead process never leaves anything behind that could wedge
+ * another. Every function returns 0 or a positive errno:
+ *   EINVAL  device, kind, id or slot out of range; offset outside segment
+ *   ENOENT  no such number, segment or published object
+ *   EPERM   the number or segment belongs to another client
+ *   EBUSY   the segment still holds a published object
+ *   ENOSPC  the number space of (device, kind) is full
+ *   ENODATA nothing attached in that slot
+ */
+#pragma once
+
+#include "broker_protocol.h"
+#include "broker_socket.h"
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+namespace shmverbs::broker {
+
+/* The broker's name for a connection; never reused. */
+using ClientId = uint64_t;
+
+struct Resolution {
+	pid_t owner_pid = 0;
+	uint64_t segment = 0;
+	uint64_t offset = 0;
+	uint64_t size = 0; /* the segment's current st_size */
+	int fd = -1;       /* the segment's descriptor, still owned by the directory */
+};
+
+struct DirectoryStats {
+	uint32_t clients = 0;
+	uint32_t ids_in_use = 0;
+	uint32_t segments = 0;
+	uint32_t published = 0;
+	uint64_t ids_handed_out = 0;
+};
+
+class Directory {
+public:
+	/* id_limit: numbers are handed out from [first_object_id, id_limit);
+	 * tests use a small space to reach wrap-around and exhaustion. */
+	explicit Directory(uint32_t id_limit = object_id_limit) : id_limit_(id_limit) {}
+
+	void add_client(ClientId client, pid_t pid);
+	/* Forgets a client and everything it owned. Returns the other clients
+	 * that resolved one of its objects or fetched one of its descriptors
+	 * (each once): they are owed a PeerGone. */
+	std::vector<ClientId> remove_client(ClientId client);
+
+	int alloc_id(ClientId client, uint32_t device, uint8_t kind, uint32_t *id);
+	int free_id(ClientId client, const ObjectName &object);
+	int register_segment(ClientId client, UniqueFd fd, uint64_t *segment, uint64_t *size);
+	int unregister_segment(ClientId client, uint64_t segment);
+	/* An object may be published again, e.g. moved to another segment. */
+	int publish(ClientId client, const ObjectName &object, uint64_t segment, uint64_t offset);
+	/* Resolving one's own object is allowed and watches nobody. */
+	int resolve(ClientId client, const ObjectName &object, Resolution *out);
+	/* Replaces what the slot held. */
+	int attach_fd(ClientId client, const ObjectName &object, uint32_t slot, UniqueFd fd);
+	/* *fd stays owned by the directory. */
+	int fetch_fd(ClientId client, const ObjectName &object, uint32_t slot, int *fd,
+		     pid_t *owner_pid);
+
+	DirectoryStats stats() const;
+
+private:
+	using Key = uint64_t; /* device, kind and id packed, see key_of() */
+
+	struct Object {
+		ClientId owner;
+		uint64_t segment = 0; /* 0: not published */
+		uint64_t offset = 0;
+		std::array<UniqueFd, fd_slots> fds;
+	};
+	struct Segment {
+		ClientId owner;
+		UniqueFd fd;
+		uint32_t published = 0; /* objects that live in it */
+	};
+	struct Client {
+		pid_t pid;
+		std::set<Key> objects;
+		std::set<uint64_t> segments;
+		std::set<ClientId> watchers; /* resolved our objects */
+	};
+	/* Round-robin cursor of one (device, kind) number space. */
+	struct IdSpace {
+		uint32_t next = first_object_id;
+		uint32_t in_use = 0;
+	};
+
+	static Key key_of(uint32_t device, uint8_t kind, uint32_t id);
+	int check_name(const ObjectName &object) const;
+	/* The object if `client` owns it; else nullptr and *err. */
+	Object *owned_object(ClientId client, const ObjectName &object, int *err);
+	void drop_object(Key key);
+	void unpublish(Object &obj);
+
+	uint32_t id_limit_;
+	uint64_t next_segment_ = 1;
+	uint64_t ids_handed_out_ = 0;
+	uint32_t published_ = 0;
+	std::map<ClientId, Client> clients_;
+	std::unordered_map<Key, Object> objects_;
+	std::unordered_map<uint64_t, Segment> segments_;
+	std::map<uint64_t, IdSpace> spaces_; /* key_of(device, kind, 0) */
+};
+
+} // namespace shmverbs::broker
