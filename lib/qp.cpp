@@ -73,6 +73,17 @@ int check_send_ops(enum ibv_qp_type type, uint64_t ops)
 
 bool is_ours(Context &ctx, struct ibv_context *c) { return c == ctx.abi(); }
 
+/* An enum field as the application stored it: C code may put any int there,
+ * which C++ must not load as the enum type. */
+template <typename E>
+int raw_value(const E &field)
+{
+	static_assert(sizeof(E) == sizeof(int));
+	int v;
+	std::memcpy(&v, &field, sizeof(v));
+	return v;
+}
+
 /* The object's context, or nullptr when it is not one of ours at all. */
 template <typename T>
 struct ibv_context *owner(T *obj)
@@ -189,7 +200,7 @@ int check_ranges(const struct ibv_qp_attr &a, uint32_t mask)
 		return EINVAL;
 	if ((mask & IBV_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31)
 		return EINVAL;
-	if ((mask & IBV_QP_PATH_MIG_STATE) && unsigned(a.path_mig_state) > IBV_MIG_ARMED)
+	if ((mask & IBV_QP_PATH_MIG_STATE) && unsigned(raw_value(a.path_mig_state)) > IBV_MIG_ARMED)
 		return EINVAL;
 	return 0;
 }
@@ -356,7 +367,11 @@ int resolve_parts(Context &ctx, const struct ibv_qp_init_attr_ex &attr, uint32_t
 
 Result<Qp> create_qp(Context &ctx, struct ibv_qp_init_attr_ex &attr)
 {
-	const enum ibv_qp_type type = attr.qp_type;
+	/* Any int may come from C; only the types below are ever used as
+	 * the enum. */
+	const int raw_type = raw_value(attr.qp_type);
+	const enum ibv_qp_type type =
+		raw_type >= 0 && raw_type <= IBV_QPT_DRIVER ? attr.qp_type : IBV_QPT_DRIVER;
 	const uint32_t flags =
 		(attr.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr.create_flags : 0;
 
@@ -481,7 +496,7 @@ Result<Qp> open_qp(Context &ctx, const struct ibv_qp_open_attr &attr)
 		return Err{EINVAL};
 	if (!attr.xrcd || !is_ours(ctx, owner(attr.xrcd)))
 		return Err{EINVAL};
-	if (attr.qp_type != IBV_QPT_XRC_RECV)
+	if (raw_value(attr.qp_type) != IBV_QPT_XRC_RECV)
 		return Err{EINVAL};
 	Xrcd *xrcd = Xrcd::from(attr.xrcd);
 
@@ -575,7 +590,7 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &attr, int attr_mask)
 	if (mask & IBV_QP_AV) {
 		if (!port_of(dev, attr.ah_attr.port_num))
 			return EINVAL;
-		if ((mask & IBV_QP_STATE) && attr.qp_state == IBV_QPS_RTR) {
+		if ((mask & IBV_QP_STATE) && raw_value(attr.qp_state) == IBV_QPS_RTR) {
 			if (attr.ah_attr.port_num != core.attr.port_num)
 				return EINVAL;
 		} else if (mask & IBV_QP_PORT) {
@@ -590,8 +605,8 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &attr, int attr_mask)
 	    (!port_of(dev, attr.alt_port_num) || !port_of(dev, attr.alt_ah_attr.port_num) ||
 	     attr.alt_port_num != attr.alt_ah_attr.port_num))
 		return EINVAL;
-	if (((mask & IBV_QP_CUR_STATE) && !qp_state_is_valid(attr.cur_qp_state)) ||
-	    ((mask & IBV_QP_STATE) && !qp_state_is_valid(attr.qp_state)))
+	if (((mask & IBV_QP_CUR_STATE) && !qp_state_is_valid(raw_value(attr.cur_qp_state))) ||
+	    ((mask & IBV_QP_STATE) && !qp_state_is_valid(raw_value(attr.qp_state))))
 		return EINVAL;
 
 	mask &= ~qp_ignored_attrs(core.type);
@@ -633,7 +648,8 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &attr, int attr_mask)
 		return EINVAL;
 	if (mask & IBV_QP_PATH_MTU) {
 		const Port *port = port_of(dev, new_port ? new_port : 1);
-		if (attr.path_mtu < IBV_MTU_256 || attr.path_mtu > port->attr.max_mtu)
+		int mtu = raw_value(attr.path_mtu);
+		if (mtu < IBV_MTU_256 || mtu > port->attr.max_mtu)
 			return EINVAL;
 	}
 	if (int err = check_ranges(attr, mask))

@@ -573,6 +573,20 @@ TEST_CASE("modify: attribute values are checked as mlx5_ib checks them", "[qp]")
 	destroy_qp(*qp);
 }
 
+TEST_CASE("modify: an asserted current state must be the real one", "[qp][state]")
+{
+	Env e;
+	Qp *qp = e.create(IBV_QPT_RC);
+	bring_to(*qp, IBV_QPS_RTS);
+	struct ibv_qp_attr a = good_attr(IBV_QPS_RTS);
+	/* SQD -> RTS with only the state is a legal row, but the QP is in RTS. */
+	a.cur_qp_state = IBV_QPS_SQD;
+	CHECK(modify_qp(*qp, a, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
+	a.cur_qp_state = IBV_QPS_RTS;
+	CHECK(modify_qp(*qp, a, IBV_QP_STATE | IBV_QP_CUR_STATE) == 0);
+	destroy_qp(*qp);
+}
+
 TEST_CASE("modify: SQD -> SQD re-paths RC; a path moves the QP to its port", "[qp]")
 {
 	Env e;
