@@ -568,8 +568,9 @@ int query_qp(Qp &qp, struct ibv_qp_attr &attr, int attr_mask,
 	return 0;
 }
 
-int modify_qp(Qp &qp, const struct ibv_qp_attr &attr, int attr_mask)
+int modify_qp(Qp &qp, const struct ibv_qp_attr &request, int attr_mask)
 {
+	struct ibv_qp_attr attr = request; /* uverbs may fill in the port */
 	QpCore &core = *qp.core;
 	const Device &dev = *core.device;
 	uint32_t mask = static_cast<uint32_t>(attr_mask);
@@ -598,7 +599,8 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &attr, int attr_mask)
 				return EINVAL;
 		} else {
 			mask |= IBV_QP_PORT;
-			new_port = attr.ah_attr.port_num;
+			attr.port_num = attr.ah_attr.port_num;
+			new_port = attr.port_num;
 		}
 	}
 	if ((mask & IBV_QP_ALT_PATH) &&

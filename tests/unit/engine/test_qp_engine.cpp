@@ -595,8 +595,10 @@ TEST_CASE("modify: SQD -> SQD re-paths RC; a path moves the QP to its port", "[q
 	struct ibv_qp_attr a = good_attr(IBV_QPS_SQD);
 	REQUIRE(modify_qp(*rc, a, IBV_QP_STATE) == 0);
 	a.ah_attr.dlid = 42;
+	a.port_num = 0; /* not named: the path's port is taken */
 	REQUIRE(modify_qp(*rc, a, IBV_QP_AV) == 0);
 	CHECK(query_all(*rc).ah_attr.dlid == 42);
+	CHECK(query_all(*rc).port_num == 1);
 	/* With the port too, both must agree. */
 	a.port_num = 1;
 	CHECK(modify_qp(*rc, a, IBV_QP_AV | IBV_QP_PORT) == 0);
@@ -965,5 +967,17 @@ TEST_CASE("two ports: the primary path must use the QP's port", "[qp][2ports]")
 	CHECK(q.alt_port_num == 1);
 	a.port_num = 3;
 	CHECK(modify_qp(*qp, a, IBV_QP_PORT) == EINVAL);
+
+	/* Drained, the QP may move: a new primary path takes it to its port. */
+	a = good_attr(IBV_QPS_RTS);
+	REQUIRE(modify_qp(*qp, a, step_mask(IBV_QPT_RC, IBV_QPS_RTS)) == 0);
+	a = good_attr(IBV_QPS_SQD);
+	REQUIRE(modify_qp(*qp, a, IBV_QP_STATE) == 0);
+	a.ah_attr.port_num = 1;
+	a.port_num = 2;
+	CHECK(modify_qp(*qp, a, IBV_QP_AV | IBV_QP_PORT) == EINVAL); /* disagree */
+	a.port_num = 0;
+	REQUIRE(modify_qp(*qp, a, IBV_QP_AV) == 0);
+	CHECK(query_all(*qp).port_num == 1);
 	destroy_qp(*qp);
 }
