@@ -205,16 +205,19 @@ int check_ranges(const struct ibv_qp_attr &a, uint32_t mask)
 	return 0;
 }
 
-/* Posts an event naming the handle; the caller holds the core's lock, which
- * is what keeps destroy from racing with it. */
-void post_event_locked(Qp &qp, enum ibv_event_type type)
+/* Posts an event to every handle of the QP, each naming its own ibv_qp in
+ * its own context; the caller holds the core's lock, which is what keeps
+ * destroy from racing with it. */
+void post_event_locked(QpCore &core, enum ibv_event_type type)
 {
-	if (qp.destroying)
-		return;
-	struct ibv_async_event e{};
-	e.element.qp = qp.abi();
-	e.event_type = type;
-	qp.ctx->post_async_event(e);
+	for (Qp *h : core.handles) {
+		if (h->destroying)
+			continue;
+		struct ibv_async_event e{};
+		e.element.qp = h->abi();
+		e.event_type = type;
+		h->ctx->post_async_event(e);
+	}
 }
 
 /* The state change itself, with the core locked: record it, tell the data
@@ -230,7 +233,7 @@ void enter_state(Qp &qp, enum ibv_qp_state from, enum ibv_qp_state to)
 		/* With nothing in flight every WQE is consumed at once, so a
 		 * QP on an SRQ reports its last WQE as it enters ERR. */
 		if (from != IBV_QPS_ERR && core.has_srq)
-			post_event_locked(qp, IBV_EVENT_QP_LAST_WQE_REACHED);
+			post_event_locked(core, IBV_EVENT_QP_LAST_WQE_REACHED);
 	} else if (to == IBV_QPS_RESET) {
 		if (core.data_path)
 			core.data_path->reset();
@@ -437,7 +440,6 @@ Result<Qp> create_qp(Context &ctx, struct ibv_qp_init_attr_ex &attr)
 	core->has_srq = parts.srq != nullptr;
 	core->xrc_domain = parts.xrcd ? parts.xrcd->domain : 0;
 	core->attr.qp_state = IBV_QPS_RESET;
-	core->handles = 1;
 	core->qp_num = allocate_id(*ctx.device, IdKind::Qp);
 	if (!core->qp_num)
 		return Err{ENOMEM};
@@ -474,6 +476,7 @@ Result<Qp> create_qp(Context &ctx, struct ibv_qp_init_attr_ex &attr)
 		if (u)
 			u->get();
 
+	core->handles.push_back(qp);
 	if (type == IBV_QPT_XRC_RECV) {
 		std::lock_guard guard(xrc_lock);
 		xrc_qps[{core->xrc_domain, core->qp_num}] = core.get();
@@ -508,7 +511,6 @@ Result<Qp> open_qp(Context &ctx, const struct ibv_qp_open_attr &attr)
 	Qp *qp = new_handle(ctx, core);
 	if (!qp)
 		return Err{ENOMEM};
-	core->handles++;
 	struct ibv_qp &q = qp->ibv.qp;
 	q.qp_context = attr.qp_context;
 	q.state = IBV_QPS_UNKNOWN;
@@ -518,6 +520,8 @@ Result<Qp> open_qp(Context &ctx, const struct ibv_qp_open_attr &attr)
 	qp->xrcd = xrcd;
 	xrcd->uses.get();
 	ctx.add_event_source(qp->abi(), &qp->async_events);
+	std::lock_guard core_guard(core->lock);
+	core->handles.push_back(qp);
 	return qp;
 }
 
@@ -672,7 +676,7 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &request, int attr_mask)
 		enter_state(qp, actual, next);
 	if (actual == IBV_QPS_RTS && next == IBV_QPS_SQD && (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) &&
 	    attr.en_sqd_async_notify)
-		post_event_locked(qp, IBV_EVENT_SQ_DRAINED);
+		post_event_locked(core, IBV_EVENT_SQ_DRAINED);
 	return 0;
 }
 
@@ -693,10 +697,16 @@ int destroy_qp(Qp &qp)
 	release_uses(qp);
 
 	bool last = true;
-	if (core->type == IBV_QPT_XRC_RECV) {
-		std::lock_guard guard(xrc_lock);
-		last = --core->handles == 0;
-		if (last)
+	{
+		/* Registry first, then the core (open_qp's order), so that no
+		 * one opens the QP while its last handle goes. */
+		std::unique_lock registry(xrc_lock, std::defer_lock);
+		if (core->type == IBV_QPT_XRC_RECV)
+			registry.lock();
+		std::lock_guard guard(core->lock);
+		std::erase(core->handles, &qp);
+		last = core->handles.empty();
+		if (last && core->type == IBV_QPT_XRC_RECV)
 			xrc_qps.erase({core->xrc_domain, core->qp_num});
 	}
 	if (last) {
@@ -752,7 +762,7 @@ bool qp_async_error(Qp &qp, enum ibv_qp_state to)
 void post_qp_event(Qp &qp, enum ibv_event_type type)
 {
 	std::lock_guard guard(qp.core->lock);
-	post_event_locked(qp, type);
+	post_event_locked(*qp.core, type);
 }
 
 void set_qp_data_path(Qp &qp, std::unique_ptr<QpDataPath> dp)

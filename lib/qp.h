@@ -51,6 +51,8 @@ public:
 	virtual void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) = 0;
 };
 
+struct Qp;
+
 struct McastAttachment {
 	union ibv_gid gid;
 	uint16_t lid;
@@ -75,9 +77,10 @@ struct QpCore {
 	std::vector<McastAttachment> mcast;
 	std::unique_ptr<QpDataPath> data_path;
 
-	/* Handles on this core; guarded by the XRC registry lock for XRC_RECV
-	 * QPs, always 1 for the others. */
-	uint32_t handles = 0;
+	/* The handles on this core (one, or any number for XRC_RECV); an
+	 * event about the QP goes to each. Added under the XRC registry lock
+	 * and this lock, removed under this lock. */
+	std::vector<Qp *> handles;
 
 	enum ibv_qp_state state() const { return attr.qp_state; }
 };
@@ -141,7 +144,8 @@ int detach_mcast(Qp &qp, const union ibv_gid &gid, uint16_t lid);
  * when the QP is in RESET (nothing to fail). */
 bool qp_async_error(Qp &qp, enum ibv_qp_state to);
 
-/* Posts an async event that names this handle, unless it is being destroyed. */
+/* Posts an async event about the QP to each of its handles (as the kernel
+ * does for shared XRC targets), except those being destroyed. */
 void post_qp_event(Qp &qp, enum ibv_event_type type);
 
 /* Installs a data path on a QP (tests do this with a recording fake). */

@@ -341,9 +341,25 @@ TEST_CASE("open_qp: another handle on an XRC target, found by domain and number"
 	REQUIRE(modify_qp(*o, m, step_mask(IBV_QPT_XRC_RECV, IBV_QPS_RTR)) == 0);
 	CHECK(state_of(*tgt) == IBV_QPS_RTR);
 
+	/* An event about the QP reaches every handle, in its own context. */
+	m = good_attr(IBV_QPS_RTS);
+	REQUIRE(modify_qp(*o, m, step_mask(IBV_QPT_XRC_RECV, IBV_QPS_RTS)) == 0);
+	m = good_attr(IBV_QPS_SQD);
+	m.en_sqd_async_notify = 1;
+	REQUIRE(modify_qp(*tgt, m, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0);
+	struct ibv_async_event ea{}, eb{};
+	REQUIRE(next_event(*a.ctx, ea));
+	REQUIRE(next_event(*b.ctx, eb));
+	CHECK(ea.event_type == IBV_EVENT_SQ_DRAINED);
+	CHECK(ea.element.qp == tgt->abi());
+	CHECK(eb.event_type == IBV_EVENT_SQ_DRAINED);
+	CHECK(eb.element.qp == o->abi());
+	ack_async_event(ea);
+	ack_async_event(eb);
+
 	/* The QP outlives its creator while opened elsewhere. */
 	REQUIRE(destroy_qp(*tgt) == 0);
-	CHECK(state_of(*o) == IBV_QPS_RTR);
+	CHECK(state_of(*o) == IBV_QPS_SQD);
 	Result<Qp> again = open_qp(*b.ctx, oa);
 	REQUIRE(again);
 	REQUIRE(destroy_qp(*again.get()) == 0);
