@@ -114,11 +114,6 @@ void Context::post_async_event(const struct ibv_async_event &event)
 {
 	{
 		std::lock_guard guard(event_lock);
-		if (const void *object = event_object(event)) {
-			auto it = event_sources.find(object);
-			if (it != event_sources.end())
-				it->second->report();
-		}
 		events.push_back(event);
 	}
 	uint64_t one = 1;
@@ -132,19 +127,34 @@ int Context::get_async_event(struct ibv_async_event &event)
 	uint64_t token;
 	/* One read consumes one queued event (EFD_SEMAPHORE); it blocks or
 	 * fails with EAGAIN according to the O_NONBLOCK flag the application
-	 * may have set on async_fd. */
+	 * may have set on async_fd. A token whose event was dropped (its
+	 * object was destroyed unread) is skipped. */
 	for (;;) {
 		ssize_t n = ::read(vctx.context.async_fd, &token, sizeof(token));
-		if (n == sizeof(token))
-			break;
 		if (n < 0 && errno == EINTR)
 			continue;
-		return n < 0 ? errno : EIO;
+		if (n != sizeof(token))
+			return n < 0 ? errno : EIO;
+		std::lock_guard guard(event_lock);
+		if (events.empty())
+			continue;
+		event = events.front();
+		events.pop_front();
+		if (const void *object = event_object(event)) {
+			auto it = event_sources.find(object);
+			if (it != event_sources.end())
+				it->second->report();
+		}
+		return 0;
 	}
+}
+
+void Context::drop_queued_events(const void *object)
+{
 	std::lock_guard guard(event_lock);
-	event = events.front();
-	events.pop_front();
-	return 0;
+	std::erase_if(events, [object](const struct ibv_async_event &e) {
+		return event_object(e) == object;
+	});
 }
 
 void AsyncEventCounter::report()

@@ -51,13 +51,17 @@ struct Context {
 	struct ibv_context *abi() { return &vctx.context; }
 	static Context *from(struct ibv_context *ctx);
 
-	/* Queues an event for ibv_get_async_event() and counts it on the
-	 * object it names, whose destroy then waits for the acknowledgement. */
+	/* Queues an event for ibv_get_async_event(). */
 	void post_async_event(const struct ibv_async_event &event);
 
 	void add_event_source(const void *object, AsyncEventCounter *counter);
 	void remove_event_source(const void *object);
-	/* 0, or EAGAIN when the fd is non-blocking and nothing is queued. */
+	/* Drops the queued, not yet read events that name the object: as with
+	 * uverbs, an object's destroy discards what the application never got. */
+	void drop_queued_events(const void *object);
+	/* 0, or EAGAIN when the fd is non-blocking and nothing is queued. The
+	 * event is counted on the object it names (as uverbs counts what it
+	 * delivers), whose destroy then waits for the acknowledgement. */
 	int get_async_event(struct ibv_async_event &event);
 };
 

@@ -15,6 +15,24 @@ uint32_t roundup_pow2(uint32_t v)
 	return 1u << (32 - __builtin_clz(v - 1));
 }
 
+uint64_t roundup_pow2_64(uint64_t v)
+{
+	if (v <= 1)
+		return 1;
+	return uint64_t(1) << (64 - __builtin_clzll(v - 1));
+}
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+
+bool is_xrc(enum ibv_qp_type t) { return t == IBV_QPT_XRC_SEND || t == IBV_QPT_XRC_RECV; }
+
+/* Receive capacities of a QP without a receive queue of its own. */
+void clear_recv(struct ibv_qp_cap &c)
+{
+	c.max_recv_wr = 0;
+	c.max_recv_sge = 0;
+}
+
 /* Device capability flags every profile claims: only what the emulation does
  * implement (no memory windows type 2, no UD IP checksum, no ODP). */
 constexpr unsigned common_cap_flags =
@@ -95,39 +113,75 @@ public:
 		return p;
 	}
 
-	int size_qp(const QpSizing &in, struct ibv_qp_cap &out) const override
+	/*
+	 * libmlx5's mlx5_calc_sq_size()/mlx5_calc_rq_size() and what it then
+	 * writes back (DESIGN-NOTES section 4 has worked examples):
+	 *  - SQ, only when max_send_wr > 0: a WQE is the transport/opcode
+	 *    overhead plus either the gather list or the inline data, rounded
+	 *    up to 64-byte blocks; the queue is the next power of two in
+	 *    bytes, and every byte of it is offered back as WRs and inline.
+	 *    max_send_sge comes back as asked.
+	 *  - RQ, only when max_recv_wr > 0 (its limit is checked even with an
+	 *    SRQ): power-of-two WQEs of 16-byte scatter entries, at least one
+	 *    64-byte block in all; nothing with an SRQ.
+	 */
+	int size_qp(const QpSizing &in, QpCaps &out) const override
 	{
-		out = in.cap;
-		if (in.cap.max_send_wr > max_qp_wr || in.cap.max_recv_wr > max_qp_wr ||
-		    in.cap.max_send_sge > 30 || in.cap.max_recv_sge > 30)
-			return EINVAL;
-		/* Send queue: see DESIGN-NOTES section 4 and mlx5_calc_sq_size(). */
-		if (in.qp_type != IBV_QPT_XRC_RECV) {
+		struct ibv_qp_cap c = in.cap;
+		struct ibv_qp_cap q{};
+
+		if (in.cap.max_send_wr) {
 			uint32_t overhead = sq_overhead(in);
-			uint32_t sge_size = overhead + 16 * in.cap.max_send_sge;
-			uint32_t inl_size = in.cap.max_inline_data
-				? overhead + align(4 + in.cap.max_inline_data, 16) : 0;
-			uint32_t wqe = std::max(sge_size, inl_size);
-			if (wqe > max_sq_desc_sz)
+			uint32_t max_gather = (max_sq_desc_sz - overhead) / data_seg_sz;
+			if (in.cap.max_send_sge > max_gather)
 				return EINVAL;
-			wqe = align(wqe, 64);
-			uint64_t bytes = roundup_pow2(std::max(in.cap.max_send_wr, 1u) * wqe);
-			if (bytes / 64 > max_qp_wr)
+			uint64_t gather = overhead + uint64_t(data_seg_sz) * in.cap.max_send_sge;
+			uint64_t inl = in.cap.max_inline_data
+				? overhead + align_up(inline_hdr_sz + uint64_t(in.cap.max_inline_data), 16)
+				: 0;
+			uint64_t desc = std::max(gather, inl);
+			if (desc > max_sq_desc_sz)
 				return EINVAL;
-			out.max_send_wr = in.cap.max_send_wr ? static_cast<uint32_t>(bytes / wqe) : 0;
-			out.max_inline_data = wqe - overhead - 4;
-		} else {
-			out.max_send_wr = out.max_send_sge = out.max_inline_data = 0;
+			uint32_t wqe = static_cast<uint32_t>(align_up(desc, send_wqe_bb));
+			if (in.cap.max_send_wr > 0x7fffffffu / max_sq_desc_sz)
+				return EINVAL;
+			uint64_t bytes = roundup_pow2_64(uint64_t(in.cap.max_send_wr) * wqe);
+			if (bytes / send_wqe_bb > max_send_wqebb)
+				return EINVAL;
+			c.max_send_wr = static_cast<uint32_t>(bytes / wqe);
+			c.max_inline_data = wqe - overhead - inline_hdr_sz;
+			q.max_send_wr = c.max_send_wr;
+			q.max_send_sge = c.max_send_sge;
+			q.max_inline_data = c.max_inline_data;
 		}
-		/* Receive queue: power-of-two entries and sges, none with an SRQ. */
-		if (in.has_srq || in.qp_type == IBV_QPT_XRC_SEND || in.qp_type == IBV_QPT_XRC_RECV) {
-			out.max_recv_wr = out.max_recv_sge = 0;
-		} else if (in.cap.max_recv_wr) {
-			out.max_recv_wr = roundup_pow2(in.cap.max_recv_wr);
-			out.max_recv_sge = roundup_pow2(std::max(in.cap.max_recv_sge, 1u));
+
+		if (in.cap.max_recv_wr) {
+			if (in.cap.max_recv_wr > max_qp_wr)
+				return EINVAL;
+			if (in.has_srq) {
+				clear_recv(c);
+			} else {
+				uint32_t sge = std::max(in.cap.max_recv_sge, 1u);
+				if (sge > max_rq_desc_sz / data_seg_sz)
+					return EINVAL;
+				uint32_t wqe = roundup_pow2(sge * data_seg_sz);
+				uint32_t bytes = std::max(roundup_pow2(in.cap.max_recv_wr) * wqe,
+							  send_wqe_bb);
+				c.max_recv_wr = bytes / wqe;
+				c.max_recv_sge = wqe / data_seg_sz;
+			}
 		} else {
-			out.max_recv_sge = 0;
+			clear_recv(c);
 		}
+		/* The kernel reports the receive queue it knows of: none for an
+		 * SRQ user or an XRC QP, although libmlx5 writes back what it
+		 * sized for an XRC initiator at create time. */
+		if (!in.has_srq && !is_xrc(in.qp_type)) {
+			q.max_recv_wr = c.max_recv_wr;
+			q.max_recv_sge = c.max_recv_sge;
+		}
+		out.created = c;
+		out.queried = q;
 		return 0;
 	}
 
@@ -153,24 +207,70 @@ public:
 private:
 	static constexpr uint32_t max_qp_wr = 32768;
 	static constexpr uint32_t max_cqe = 4194303;
+	/* What a ConnectX-5's mlx5_ib reports in the ucontext: WQE descriptor
+	 * limits and the send queue's size limit in 64-byte blocks. */
 	static constexpr uint32_t max_sq_desc_sz = 1024;
+	static constexpr uint32_t max_rq_desc_sz = 512;
+	static constexpr uint32_t max_send_wqebb = 32768;
+	static constexpr uint32_t send_wqe_bb = 64;
+	/* WQE segment sizes (mlx5dv.h). */
+	static constexpr uint32_t ctrl_seg_sz = 16, raddr_seg_sz = 16, atomic_seg_sz = 16,
+				  umr_ctrl_seg_sz = 48, mkey_seg_sz = 64, klm_seg_sz = 64,
+				  datagram_seg_sz = 48, xrc_seg_sz = 16, eth_seg_sz = 32,
+				  data_seg_sz = 16, inline_hdr_sz = 4;
 
-	static uint32_t align(uint32_t v, uint32_t a) { return (v + a - 1) & ~(a - 1); }
+	static uint64_t default_send_ops(enum ibv_qp_type type)
+	{
+		switch (type) {
+		case IBV_QPT_UD:
+			return IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+			       IBV_QP_EX_WITH_TSO;
+		case IBV_QPT_RAW_PACKET:
+			return IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO;
+		default:
+			return IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_INV |
+			       IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
+			       IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+			       IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+			       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV |
+			       IBV_QP_EX_WITH_BIND_MW;
+		}
+	}
 
+	/* Bytes of a send WQE before its data: the largest segment set any
+	 * enabled opcode needs (memory-window/UMR operations dominate), plus
+	 * the transport's own segment. */
 	static uint32_t sq_overhead(const QpSizing &in)
 	{
+		constexpr uint64_t rdma_ops = IBV_QP_EX_WITH_RDMA_WRITE |
+					      IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+					      IBV_QP_EX_WITH_RDMA_READ;
+		constexpr uint64_t atomic_ops = IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+						IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 		constexpr uint64_t mw_ops = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
-		bool mw = in.send_ops_flags == 0 || (in.send_ops_flags & mw_ops);
-		uint32_t base = mw ? 192 : 32;
+		constexpr uint64_t mlx5_umr_ops = 3; /* MR_INTERLEAVED | MR_LIST */
+
+		uint64_t ops = in.send_ops_given ? in.send_ops_flags : default_send_ops(in.qp_type);
+		uint32_t size = ctrl_seg_sz;
+		if (ops & rdma_ops)
+			size = std::max(size, ctrl_seg_sz + raddr_seg_sz);
+		if (ops & atomic_ops)
+			size = std::max(size, ctrl_seg_sz + raddr_seg_sz + atomic_seg_sz);
+		if ((ops & mw_ops) || (in.mlx5_send_ops & mlx5_umr_ops))
+			size = std::max(size, ctrl_seg_sz + umr_ctrl_seg_sz + mkey_seg_sz + klm_seg_sz);
+
 		if (in.is_dci)
-			return base + 48;
+			return size + datagram_seg_sz;
 		switch (in.qp_type) {
 		case IBV_QPT_UD:
-			return 64;
+			return size + datagram_seg_sz;
 		case IBV_QPT_XRC_SEND:
-			return base + 16;
+		case IBV_QPT_XRC_RECV:
+			return size + xrc_seg_sz;
+		case IBV_QPT_RAW_PACKET:
+			return size + eth_seg_sz;
 		default:
-			return base;
+			return size;
 		}
 	}
 };
@@ -225,22 +325,32 @@ public:
 		return p;
 	}
 
-	int size_qp(const QpSizing &in, struct ibv_qp_cap &out) const override
+	/*
+	 * rdma_rxe: rxe_qp_chk_cap() bounds the request (receive limits only
+	 * without an SRQ); a send WQE holds max(sge x 16, inline) bytes and
+	 * both are raised to fill it; every queue is 2^k - 1 entries
+	 * (rxe_queue_init keeps one slot free). Receive SGEs are granted as
+	 * asked.
+	 */
+	int size_qp(const QpSizing &in, QpCaps &out) const override
 	{
-		out = in.cap;
-		if (in.cap.max_send_wr > max_qp_wr || in.cap.max_recv_wr > max_qp_wr ||
-		    in.cap.max_send_sge > max_sge || in.cap.max_recv_sge > max_sge ||
-		    in.cap.max_inline_data > max_inline)
+		const struct ibv_qp_cap &r = in.cap;
+		if (r.max_send_wr > max_qp_wr || r.max_send_sge > max_sge ||
+		    r.max_inline_data > max_inline)
 			return EINVAL;
-		uint32_t wqe = std::max(in.cap.max_send_sge * 16, in.cap.max_inline_data);
-		out.max_send_sge = wqe / 16;
-		out.max_inline_data = wqe;
-		out.max_send_wr = roundup_pow2(in.cap.max_send_wr + 1) - 1;
-		if (in.has_srq) {
-			out.max_recv_wr = out.max_recv_sge = 0;
-		} else {
-			out.max_recv_wr = roundup_pow2(in.cap.max_recv_wr + 1) - 1;
-		}
+		if (!in.has_srq && (r.max_recv_wr > max_qp_wr || r.max_recv_sge > max_sge))
+			return EINVAL;
+		struct ibv_qp_cap c = r;
+		uint32_t wqe = std::max(r.max_send_sge * 16, r.max_inline_data);
+		c.max_send_sge = wqe / 16;
+		c.max_inline_data = wqe;
+		c.max_send_wr = roundup_pow2(r.max_send_wr + 1) - 1;
+		if (in.has_srq || is_xrc(in.qp_type))
+			clear_recv(c);
+		else
+			c.max_recv_wr = roundup_pow2(r.max_recv_wr + 1) - 1;
+		out.created = c;
+		out.queried = c;
 		return 0;
 	}
 
@@ -281,17 +391,17 @@ public:
 	struct ibv_device_attr device_attr() const override { return mlx5_.device_attr(); }
 	struct ibv_port_attr port_attr(LinkLayer ll) const override { return mlx5_.port_attr(ll); }
 
-	int size_qp(const QpSizing &in, struct ibv_qp_cap &out) const override
+	/* Whatever the mlx5 profile would refuse is refused; what it would
+	 * grant is granted exactly as asked. */
+	int size_qp(const QpSizing &in, QpCaps &out) const override
 	{
-		struct ibv_device_attr a = device_attr();
-		if (in.cap.max_send_wr > uint32_t(a.max_qp_wr) ||
-		    in.cap.max_recv_wr > uint32_t(a.max_qp_wr) ||
-		    in.cap.max_send_sge > uint32_t(a.max_sge) ||
-		    in.cap.max_recv_sge > uint32_t(a.max_sge) || in.cap.max_inline_data > 1024)
-			return EINVAL;
-		out = in.cap;
-		if (in.has_srq)
-			out.max_recv_wr = out.max_recv_sge = 0;
+		if (int err = mlx5_.size_qp(in, out))
+			return err;
+		struct ibv_qp_cap c = in.cap;
+		if (in.has_srq || is_xrc(in.qp_type))
+			clear_recv(c);
+		out.created = c;
+		out.queried = c;
 		return 0;
 	}
 

@@ -24,10 +24,22 @@ struct QpSizing {
 	enum ibv_qp_type qp_type;
 	struct ibv_qp_cap cap;
 	bool has_srq;
-	/* IBV_QP_EX_WITH_* bits; 0 when the application did not pass any, in
-	 * which case the profile assumes the default set for the QP type. */
+	/* IBV_QP_EX_WITH_* bits when the application passed
+	 * IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (0 is then a real request for no
+	 * operation); without them the provider's default set for the type. */
+	bool send_ops_given;
 	uint64_t send_ops_flags;
-	bool is_dci; /* mlx5dv DC initiator */
+	uint64_t mlx5_send_ops; /* MLX5DV_QP_EX_WITH_* of mlx5dv_create_qp */
+	bool is_dci;            /* mlx5dv DC initiator */
+};
+
+/* The capacities a QP is granted, as two views that real providers report
+ * differently: what create writes back into the caller's cap, and what
+ * ibv_query_qp() reports afterwards (libmlx5, for one, reports no send
+ * capacity for a QP created without a send queue). */
+struct QpCaps {
+	struct ibv_qp_cap created;
+	struct ibv_qp_cap queried;
 };
 
 class Profile {
@@ -45,7 +57,7 @@ public:
 
 	/* Capacity rounding. Each returns 0 and fills the granted values, or
 	 * EINVAL when the request exceeds what the device supports. */
-	virtual int size_qp(const QpSizing &in, struct ibv_qp_cap &out) const = 0;
+	virtual int size_qp(const QpSizing &in, QpCaps &out) const = 0;
 	virtual int size_cq(uint32_t cqe, uint32_t &out) const = 0;
 	virtual int size_srq(uint32_t max_wr, uint32_t max_sge, uint32_t &wr_out,
 			     uint32_t &sge_out) const = 0;

@@ -1,14 +1,271 @@
 /* SPDX-License-Identifier: MIT */
+/*
+ * Queue pairs: ibv_create_qp/query/modify/destroy, ibv_qp_to_qp_ex,
+ * multicast attachment and ECE are exports; ibv_create_qp_ex and ibv_open_qp
+ * are inline in verbs.h and reach us through struct verbs_context.
+ *
+ * Return conventions are rdma-core 44's: pointer verbs give NULL with errno,
+ * int verbs a positive errno. Where rdma-core would dereference a NULL
+ * argument we fail with EINVAL instead.
+ */
 #include "abi.h"
 #include "ops.h"
+
+#include "qp.h"
+
+#include <infiniband/verbs.h>
+
+#include <cstring>
 
 using namespace shmverbs;
 using namespace shmverbs::abi;
 
+namespace {
+
+/*
+ * The ibv_wr_* entry points of a QP created with send_ops_flags. Work
+ * requests are the data path's (a later issue); until it installs its own,
+ * building one does nothing and ibv_wr_complete() reports EOPNOTSUPP. Only
+ * the operations the QP type supports get an entry, as with libmlx5.
+ */
+namespace wr {
+void start(struct ibv_qp_ex *) {}
+int complete(struct ibv_qp_ex *) { return EOPNOTSUPP; }
+void abort(struct ibv_qp_ex *) {}
+void send(struct ibv_qp_ex *) {}
+void send_imm(struct ibv_qp_ex *, __be32) {}
+void send_inv(struct ibv_qp_ex *, uint32_t) {}
+void rdma_write(struct ibv_qp_ex *, uint32_t, uint64_t) {}
+void rdma_write_imm(struct ibv_qp_ex *, uint32_t, uint64_t, __be32) {}
+void rdma_read(struct ibv_qp_ex *, uint32_t, uint64_t) {}
+void atomic_cmp_swp(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t, uint64_t) {}
+void atomic_fetch_add(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t) {}
+void bind_mw(struct ibv_qp_ex *, struct ibv_mw *, uint32_t, const struct ibv_mw_bind_info *) {}
+void local_inv(struct ibv_qp_ex *, uint32_t) {}
+void set_ud_addr(struct ibv_qp_ex *, struct ibv_ah *, uint32_t, uint32_t) {}
+void set_xrc_srqn(struct ibv_qp_ex *, uint32_t) {}
+void set_inline_data(struct ibv_qp_ex *, void *, size_t) {}
+void set_inline_data_list(struct ibv_qp_ex *, size_t, const struct ibv_data_buf *) {}
+void set_sge(struct ibv_qp_ex *, uint32_t, uint64_t, uint32_t) {}
+void set_sge_list(struct ibv_qp_ex *, size_t, const struct ibv_sge *) {}
+} // namespace wr
+
+void install_wr_entry_points(struct ibv_qp_ex &q)
+{
+	q.wr_start = wr::start;
+	q.wr_complete = wr::complete;
+	q.wr_abort = wr::abort;
+	q.wr_send = wr::send;
+	q.wr_send_imm = wr::send_imm;
+	q.wr_set_inline_data = wr::set_inline_data;
+	q.wr_set_inline_data_list = wr::set_inline_data_list;
+	q.wr_set_sge = wr::set_sge;
+	q.wr_set_sge_list = wr::set_sge_list;
+	switch (q.qp_base.qp_type) {
+	case IBV_QPT_RC:
+	case IBV_QPT_XRC_SEND:
+		q.wr_rdma_read = wr::rdma_read;
+		q.wr_atomic_cmp_swp = wr::atomic_cmp_swp;
+		q.wr_atomic_fetch_add = wr::atomic_fetch_add;
+		if (q.qp_base.qp_type == IBV_QPT_XRC_SEND)
+			q.wr_set_xrc_srqn = wr::set_xrc_srqn;
+		[[fallthrough]];
+	case IBV_QPT_UC:
+		q.wr_send_inv = wr::send_inv;
+		q.wr_rdma_write = wr::rdma_write;
+		q.wr_rdma_write_imm = wr::rdma_write_imm;
+		q.wr_bind_mw = wr::bind_mw;
+		q.wr_local_inv = wr::local_inv;
+		break;
+	case IBV_QPT_UD:
+		q.wr_set_ud_addr = wr::set_ud_addr;
+		break;
+	default:
+		break;
+	}
+}
+
+struct ibv_qp *finish_create(Result<Qp> r)
+{
+	if (r && r->has_qp_ex())
+		install_wr_entry_points(r->ibv.qp_ex);
+	return to_ptr(r);
+}
+
+struct ibv_qp *ctx_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr)
+{
+	Context *c = to_context(context);
+	if (!c || !attr)
+		return fail_ptr<struct ibv_qp>(EINVAL);
+	return guard_ptr([&] { return finish_create(create_qp(*c, *attr)); });
+}
+
+struct ibv_qp *ctx_open_qp(struct ibv_context *context, struct ibv_qp_open_attr *attr)
+{
+	Context *c = to_context(context);
+	if (!c || !attr)
+		return fail_ptr<struct ibv_qp>(EINVAL);
+	return guard_ptr([&] { return to_ptr(open_qp(*c, *attr)); });
+}
+
+/* rdma-core's PCI_VENDOR_ID_MELLANOX, which ECE uses as its vendor id. */
+constexpr uint32_t ece_vendor_mellanox = 0x15b3;
+
+bool is_rxe(struct ibv_qp *qp)
+{
+	return std::strcmp(Context::from(qp->context)->device->profile->name(), "rxe") == 0;
+}
+
+} // namespace
+
 namespace shmverbs::abi {
 
-void install_qp_ops(struct verbs_context &)
+void install_qp_ops(struct verbs_context &v)
 {
+	v.create_qp_ex = ctx_create_qp_ex;
+	v.open_qp = ctx_open_qp;
 }
 
 } // namespace shmverbs::abi
+
+SHMV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
+{
+	if (!pd || !qp_init_attr)
+		return fail_ptr<struct ibv_qp>(EINVAL);
+	Context *c = to_context(pd->context);
+	if (!c)
+		SHMV_FORWARD_PTR(ibv_create_qp, "IBVERBS_1.1", pd, qp_init_attr);
+	/* As libmlx5: the basic verb is the extended one with only a PD. */
+	return guard_ptr([&]() -> struct ibv_qp * {
+		struct ibv_qp_init_attr_ex ex{};
+		std::memcpy(&ex, qp_init_attr, sizeof(*qp_init_attr));
+		ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+		ex.pd = pd;
+		struct ibv_qp *qp = finish_create(create_qp(*c, ex));
+		if (qp)
+			std::memcpy(qp_init_attr, &ex, sizeof(*qp_init_attr));
+		return qp;
+	});
+}
+
+SHMV_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+	if (!qp)
+		return nullptr;
+	if (!to_context(qp->context)) {
+		if (auto fp = SHMV_NEXT(ibv_qp_to_qp_ex, "IBVERBS_1.6"))
+			return fp(qp);
+		return nullptr;
+	}
+	Qp *q = Qp::from(qp);
+	return q->has_qp_ex() ? &q->ibv.qp_ex : nullptr;
+}
+
+SHMV_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+			     struct ibv_qp_init_attr *init_attr)
+{
+	if (!qp || !attr || !init_attr)
+		return EINVAL;
+	if (!to_context(qp->context))
+		SHMV_FORWARD_INT(ibv_query_qp, "IBVERBS_1.1", qp, attr, attr_mask, init_attr);
+	int err = guard_int([&] { return query_qp(*Qp::from(qp), *attr, attr_mask, *init_attr); });
+	/* libibverbs keeps ibv_qp::state in step with what it saw. */
+	if (!err && (attr_mask & IBV_QP_STATE))
+		qp->state = attr->qp_state;
+	return err;
+}
+
+SHMV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
+{
+	if (!qp || !attr)
+		return EINVAL;
+	if (!to_context(qp->context))
+		SHMV_FORWARD_INT(ibv_modify_qp, "IBVERBS_1.1", qp, attr, attr_mask);
+	int err = guard_int([&] { return modify_qp(*Qp::from(qp), *attr, attr_mask); });
+	if (!err && (attr_mask & IBV_QP_STATE))
+		qp->state = attr->qp_state;
+	return err;
+}
+
+SHMV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
+{
+	if (!qp)
+		return EINVAL;
+	if (!to_context(qp->context))
+		SHMV_FORWARD_INT(ibv_destroy_qp, "IBVERBS_1.1", qp);
+	return guard_int([&] { return destroy_qp(*Qp::from(qp)); });
+}
+
+SHMV_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	if (!qp || !gid)
+		return EINVAL;
+	if (!to_context(qp->context))
+		SHMV_FORWARD_INT(ibv_attach_mcast, "IBVERBS_1.1", qp, gid, lid);
+	return guard_int([&] { return attach_mcast(*Qp::from(qp), *gid, lid); });
+}
+
+SHMV_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	if (!qp || !gid)
+		return EINVAL;
+	if (!to_context(qp->context))
+		SHMV_FORWARD_INT(ibv_detach_mcast, "IBVERBS_1.1", qp, gid, lid);
+	return guard_int([&] { return detach_mcast(*Qp::from(qp), *gid, lid); });
+}
+
+/* A ConnectX-5 has no data-in-order capability: libmlx5 answers 0. */
+SHMV_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op,
+					   uint32_t flags)
+{
+	if (!qp)
+		return 0;
+	if (!to_context(qp->context)) {
+		if (auto fp = SHMV_NEXT(ibv_query_qp_data_in_order, "IBVERBS_1.14"))
+			return fp(qp, op, flags);
+		return 0;
+	}
+	return 0;
+}
+
+/*
+ * Enhanced Connection Establishment needs firmware a ConnectX-5 lacks:
+ * libmlx5 checks the request, then refuses it; Soft-RoCE has no ECE at all.
+ * Both set errno as well as returning it.
+ */
+SHMV_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+	if (!qp || !ece) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	if (!to_context(qp->context))
+		SHMV_FORWARD_INT(ibv_set_ece, "IBVERBS_1.10", qp, ece);
+	int err;
+	if (!ece->vendor_id || is_rxe(qp))
+		err = EOPNOTSUPP;
+	else if (ece->comp_mask || ece->vendor_id != ece_vendor_mellanox)
+		err = EINVAL;
+	else
+		err = EOPNOTSUPP;
+	errno = err;
+	return err;
+}
+
+SHMV_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+	if (!qp || !ece) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	if (!to_context(qp->context))
+		SHMV_FORWARD_INT(ibv_query_ece, "IBVERBS_1.10", qp, ece);
+	if (is_rxe(qp)) {
+		errno = EOPNOTSUPP;
+		return EOPNOTSUPP;
+	}
+	ece->vendor_id = ece_vendor_mellanox;
+	ece->options = 0;
+	ece->comp_mask = 0;
+	return 0;
+}
