@@ -497,61 +497,6 @@ SHMV_EXPORT void ibv_unimport_dm(struct ibv_dm *dm)
 			fp(dm);
 }
 
-/* ---------------------------------------------------------------------------
- * Enhanced Connection Establishment. An mlx5 device reports Mellanox's PCI
- * vendor id in ECE whether or not its firmware supports ECE; ours, like a
- * ConnectX-5 without the capability, accepts no options, so set_ece fails
- * with EOPNOTSUPP once the arguments are valid and query_ece returns none.
- * set_ece returns the errno and also sets errno, like rdma-core.
- */
-namespace {
-constexpr uint32_t ece_vendor_mellanox = 0x15b3;
-}
-
-SHMV_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
-{
-	if (!qp || !ece)
-		return errno = EINVAL;
-	if (!to_context(qp->context))
-		SHMV_FORWARD_INT(ibv_set_ece, "IBVERBS_1.10", qp, ece);
-	if (!ece->vendor_id)
-		return errno = EOPNOTSUPP;
-	if (ece->comp_mask || ece->vendor_id != ece_vendor_mellanox)
-		return errno = EINVAL;
-	return errno = EOPNOTSUPP;
-}
-
-SHMV_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
-{
-	if (!qp || !ece)
-		return errno = EINVAL;
-	if (!to_context(qp->context))
-		SHMV_FORWARD_INT(ibv_query_ece, "IBVERBS_1.10", qp, ece);
-	ece->vendor_id = ece_vendor_mellanox;
-	ece->options = 0;
-	ece->comp_mask = 0;
-	return 0;
-}
-
-/* ---------------------------------------------------------------------------
- * ibv_query_qp_data_in_order(3): 1 only when the data of one WQE is
- * guaranteed to land in order, so that a reader may poll the buffer instead
- * of the CQ. The emulation copies payloads with memcpy, whose stores x86 may
- * make visible out of order (fast string operations), and a ConnectX-5
- * reports no in-order capability either: 0, which is always a safe answer.
- */
-SHMV_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op,
-					   uint32_t flags)
-{
-	if (!qp)
-		return 0;
-	if (!to_context(qp->context)) {
-		if (auto fp = SHMV_NEXT(ibv_query_qp_data_in_order, "IBVERBS_1.14"))
-			return fp(qp, op, flags);
-		return 0;
-	}
-	return 0;
-}
 
 /* ---------------------------------------------------------------------------
  * shmverbs' own: lets libmlx5.so.1 / libefa.so.1 tell our devices from a

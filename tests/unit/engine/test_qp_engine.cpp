@@ -924,7 +924,7 @@ TEST_CASE("concurrency: modify/query on many QPs at once; one QP stays consisten
 }
 
 TEST_CASE("RoCE: paths need a GRH with a populated source GID; no alternate paths",
-	  "[qp][eth]")
+	  "[.][qp][eth]")
 {
 	Env e;
 	REQUIRE(e.ctx->device->link_layer == LinkLayer::Ethernet);
@@ -963,7 +963,7 @@ TEST_CASE("RoCE: paths need a GRH with a populated source GID; no alternate path
 	destroy_qp(*ud);
 }
 
-TEST_CASE("two ports: the primary path must use the QP's port", "[qp][2ports]")
+TEST_CASE("two ports: the primary path must use the QP's port", "[.][qp][2ports]")
 {
 	Env e;
 	REQUIRE(e.ctx->device->ports.size() == 2);

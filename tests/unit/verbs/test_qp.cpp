@@ -350,7 +350,7 @@ TEST_CASE("XRC: a target QP opened from another context by domain and number",
 	close(fd);
 }
 
-TEST_CASE("rxe profile: queues of 2^k - 1, SGEs and inline fill the WQE", "[rxe]")
+TEST_CASE("rxe profile: queues of 2^k - 1, SGEs and inline fill the WQE", "[.][rxe]")
 {
 	Dev d;
 	struct ibv_qp_init_attr a = d.init_attr(IBV_QPT_RC);
@@ -377,7 +377,7 @@ TEST_CASE("rxe profile: queues of 2^k - 1, SGEs and inline fill the WQE", "[rxe]
 	CHECK(errno == EINVAL);
 }
 
-TEST_CASE("exact profile: capacities exactly as asked", "[exact]")
+TEST_CASE("exact profile: capacities exactly as asked", "[.][exact]")
 {
 	Dev d;
 	struct ibv_qp_init_attr a = d.init_attr(IBV_QPT_RC);
