@@ -17,9 +17,13 @@ export PKG_CONFIG_PATH=$(dirname "$pc")
 pcflags=(--define-variable=prefix="$stage$prefix")
 
 dropin=$(pkg-config "${pcflags[@]}" --variable=dropindir shmverbs)
-for f in libibverbs.so.1 libibverbs.so; do
+for f in libibverbs.so.1 libibverbs.so libmlx5.so.1 libefa.so.1; do
 	[ -e "$dropin/$f" ] || { echo "FAIL: $dropin/$f not installed"; exit 1; }
 done
+preload=$(pkg-config "${pcflags[@]}" --variable=preload shmverbs)
+[ -e "$preload" ] || { echo "FAIL: $preload not installed"; exit 1; }
+daemon="$stage$prefix/bin/shmverbsd"
+[ -x "$daemon" ] || { echo "FAIL: $daemon not installed"; exit 1; }
 header=$(pkg-config "${pcflags[@]}" --variable=includedir shmverbs)/shmverbs/shmverbs.h
 [ -f "$header" ] || { echo "FAIL: $header not installed"; exit 1; }
 
