@@ -10,6 +10,26 @@ cd "$top"
 "$top/scripts/install-deps.sh"
 
 status=0
+passed=0
+failed=0
+skipped=0
+# Adds one suite's results (meson's JSON test log) to the totals.
+count_results() {
+	local counts
+	counts=$(python3 - "$1/meson-logs/testlog.json" <<'PY'
+import json, sys
+res = {"OK": 0, "FAIL": 0, "SKIP": 0}
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    key = "OK" if r in ("OK", "EXPECTEDFAIL") else "SKIP" if r == "SKIP" else "FAIL"
+    res[key] += 1
+print(res["OK"], res["FAIL"], res["SKIP"])
+PY
+)
+	read -r p f s <<<"$counts"
+	passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+}
+
 run_suite() {
 	local name=$1 dir=$2
 	shift 2
@@ -19,6 +39,7 @@ run_suite() {
 	if ! meson test -C "$dir" --print-errorlogs --num-processes 2; then
 		status=1
 	fi
+	count_results "$dir"
 }
 
 run_suite "default" "$top/build"
@@ -31,4 +52,5 @@ fi
 if [ $status -ne 0 ]; then
 	echo "=== some tests FAILED" >&2
 fi
+echo "$passed passed, $failed failed, $skipped skipped"
 exit $status
