@@ -78,9 +78,17 @@ struct QpDesc {
 	/* Remote operations in progress on this QP by any process: destroy
 	 * waits (bounded) for it to drop to 0 after setting `dead`. */
 	std::atomic<uint32_t> inflight;
-	uint32_t reserved2;
+	/* An error a sender found on this responder (RemoteError): the owner
+	 * moves the QP to ERR and raises the event when it sees it. */
+	std::atomic<uint32_t> remote_error;
 };
 static_assert(std::is_standard_layout_v<QpDesc>);
+
+enum RemoteError : uint32_t {
+	remote_error_none = 0,
+	remote_error_access = 1, /* IBV_EVENT_QP_ACCESS_ERR, QP -> ERR */
+	remote_error_fatal = 2,  /* a local error on a receive: QP -> ERR */
+};
 
 /* ---- Receive queues (a QP's RQ or an SRQ) ---- */
 
