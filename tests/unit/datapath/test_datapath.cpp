@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -181,7 +182,7 @@ int target_main()
 {
 	in_target = true;
 	setvbuf(stdout, nullptr, _IOLBF, 0);
-	Node n;
+	Node n(true);
 	std::memset(n.buf.data(), 0, buf_size);
 	*reinterpret_cast<uint64_t *>(n.buf.data() + 1024) = 100; /* atomics target */
 	std::memcpy(n.buf.data() + 2048, "read-me-please!", 16);
@@ -202,6 +203,31 @@ int target_main()
 	/* Passive: blocked in read() while the initiator works. */
 	if (!read_line(stdin, line))
 		return 0;
+	if (line == "post\n") {
+		/* A late receive (the initiator waits in RNR meanwhile). */
+		if (n.post_recv(200, 3072, 512))
+			return 5;
+		std::printf("posted\n");
+		if (!read_line(stdin, line))
+			return 0;
+	}
+	if (line == "arm\n") {
+		/* Sleep on the completion channel until a peer's SEND. */
+		if (ibv_req_notify_cq(n.cq, 0))
+			return 6;
+		std::printf("armed\n");
+		struct pollfd p = {n.ch->fd, POLLIN, 0};
+		if (poll(&p, 1, 3000) != 1)
+			return 7;
+		struct ibv_cq *cq;
+		void *cq_ctx;
+		if (ibv_get_cq_event(n.ch, &cq, &cq_ctx) || cq != n.cq)
+			return 8;
+		ibv_ack_cq_events(cq, 1);
+		std::printf("event\n");
+		if (!read_line(stdin, line))
+			return 0;
+	}
 	struct ibv_wc wc;
 	while (ibv_poll_cq(n.cq, 1, &wc) == 1)
 		std::printf("wc %d %u %u %llu\n", wc.status, wc.byte_len, ntohl(wc.imm_data),
@@ -475,4 +501,75 @@ TEST_CASE("loopback in one process with a completion channel and poll()", "[data
 	REQUIRE(b.wait_wc(wc));
 	CHECK(wc.wr_id == 8);
 	CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+}
+
+TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted, then succeeds",
+	  "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn, 7) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	REQUIRE(post(n, IBV_WR_SEND, 0, 4, 0, 0, 1) == 0);
+	struct ibv_wc wc{};
+	CHECK_FALSE(n.wait_wc(wc, 100)); /* retrying, not failing */
+	t.send("post");
+	REQUIRE(t.line() == "posted\n");
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	t.send("check");
+	CHECK(t.line() == "wc 0 4 0 200\n");
+}
+
+TEST_CASE("completion channel: a SEND wakes a peer sleeping in poll() on its channel",
+	  "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 1");
+	REQUIRE(t.line() == "ready\n");
+	t.send("arm");
+	REQUIRE(t.line() == "armed\n");
+	REQUIRE(post(n, IBV_WR_SEND, 0, 8, 0, 0, 1) == 0);
+	CHECK(t.line() == "event\n");
+	t.send("check");
+	CHECK(t.line() == "wc 0 8 0 100\n");
+}
+
+TEST_CASE("several threads post and poll on one QP pair", "[datapath]")
+{
+	Node a, b;
+	REQUIRE(a.connect(b.qp->qp_num) == 0);
+	REQUIRE(b.connect(a.qp->qp_num) == 0);
+	constexpr int per_thread = 200;
+	std::atomic<int> received{0}, sent{0};
+	auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+	std::thread poster([&] {
+		for (int i = 0; i < per_thread; i++) {
+			while (b.post_recv(i, 0, 64) == ENOMEM)
+				std::this_thread::yield();
+			/* Keep the unpolled send completions within the CQ. */
+			while (i - sent.load() >= 32 && std::chrono::steady_clock::now() < end)
+				std::this_thread::yield();
+			while (post(a, IBV_WR_SEND, 0, 8, 0, 0, i) == ENOMEM)
+				std::this_thread::yield();
+		}
+	});
+	std::thread poller([&] {
+		struct ibv_wc wc;
+		while (received < per_thread && std::chrono::steady_clock::now() < end)
+			if (ibv_poll_cq(b.cq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS &&
+			    wc.opcode == IBV_WC_RECV)
+				received++;
+	});
+	struct ibv_wc wc;
+	while (sent < per_thread && std::chrono::steady_clock::now() < end)
+		if (ibv_poll_cq(a.cq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS)
+			sent++;
+	poster.join();
+	poller.join();
+	CHECK(received == per_thread);
+	CHECK(sent == per_thread);
 }
