@@ -9,12 +9,16 @@
  */
 #include "cq.h"
 #include "device.h"
+#include "segment.h"
+
+#include <signal.h>
 
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -62,49 +66,136 @@ bool cqe_size_env_valid(const Context &ctx)
 	return size == 64 || size == 128;
 }
 
-bool wakes(CqArm arm, const Completion &c)
-{
-	switch (arm) {
-	case CqArm::Next:
-		return true;
-	case CqArm::Solicited:
-		return c.solicited || c.wc.status != IBV_WC_SUCCESS;
-	case CqArm::None:
-		break;
-	}
-	return false;
-}
-
 bool counts_as_solicited(const Completion &c)
 {
 	return c.solicited || c.wc.status != IBV_WC_SUCCESS;
 }
 
-/* Queues one completion event on the CQ's channel and wakes its readers. */
-void raise_completion_event(Cq &cq)
+shm::CqEntry *slot_at(shm::CqRing &ring, uint32_t capacity, uint64_t index)
 {
-	CompChannel *ch = cq.channel;
-	if (!ch)
-		return; /* as in uverbs: no channel, the event goes nowhere */
-	std::lock_guard guard(ch->lock);
-	if (cq.detached)
-		return;
-	ch->pending.push_back(&cq);
-	uint64_t one = 1;
-	/* Cannot block: a semaphore eventfd holds far more tokens than we
-	 * can ever queue. */
-	[[maybe_unused]] ssize_t n = ::write(ch->ibv.fd, &one, sizeof(one));
+	auto *slots = reinterpret_cast<shm::CqEntry *>(reinterpret_cast<char *>(&ring) +
+						       shm::cq_slots_offset);
+	return &slots[index & (capacity - 1)];
 }
 
-/* Removes the oldest completion; caller holds cq.lock, queue not empty. */
-Completion pop_completion(Cq &cq)
+void fill_entry(shm::CqEntry &e, const Completion &c)
 {
-	Completion c = cq.queue.front();
-	cq.queue.pop_front();
-	cq.unpolled.fetch_sub(1, std::memory_order_relaxed);
-	if (counts_as_solicited(c))
-		cq.unpolled_solicited.fetch_sub(1, std::memory_order_relaxed);
-	return c;
+	e.wr_id = c.wc.wr_id;
+	e.timestamp_ns = c.timestamp_ns;
+	e.status = c.wc.status;
+	e.opcode = c.wc.opcode;
+	e.vendor_err = c.wc.vendor_err;
+	e.byte_len = c.wc.byte_len;
+	e.imm_data = c.wc.imm_data;
+	e.qp_num = c.wc.qp_num;
+	e.src_qp = c.wc.src_qp;
+	e.wc_flags = c.wc.wc_flags;
+	e.pkey_index = c.wc.pkey_index;
+	e.slid = c.wc.slid;
+	e.sl = c.wc.sl;
+	e.dlid_path_bits = c.wc.dlid_path_bits;
+	e.solicited = c.solicited;
+}
+
+void read_entry(const shm::CqEntry &e, Completion &c)
+{
+	c = Completion{};
+	c.wc.wr_id = e.wr_id;
+	c.timestamp_ns = e.timestamp_ns;
+	c.wallclock_ns = e.timestamp_ns;
+	/* Only values the enums know leave the ring (a peer wrote them). */
+	c.wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
+							    : IBV_WC_GENERAL_ERR;
+	c.wc.opcode = ibv_wc_opcode(e.opcode);
+	c.wc.vendor_err = e.vendor_err;
+	c.wc.byte_len = e.byte_len;
+	c.wc.imm_data = e.imm_data;
+	c.wc.qp_num = e.qp_num;
+	c.wc.src_qp = e.src_qp;
+	c.wc.wc_flags = e.wc_flags;
+	c.wc.pkey_index = e.pkey_index;
+	c.wc.slid = e.slid;
+	c.wc.sl = e.sl;
+	c.wc.dlid_path_bits = e.dlid_path_bits;
+	c.solicited = e.solicited;
+}
+
+bool pid_dead(uint32_t pid)
+{
+	return pid && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+}
+
+/* Takes the oldest published completion; caller holds cq.lock. A slot
+ * claimed by a producer that died before publishing is skipped. */
+bool pop_completion(Cq &cq, Completion &out)
+{
+	shm::CqRing &ring = *cq.ring;
+	for (;;) {
+		uint64_t c = ring.cons.load(std::memory_order_relaxed);
+		if (c == ring.prod.load(std::memory_order_acquire))
+			return false;
+		shm::CqEntry *e = slot_at(ring, cq.capacity, c);
+		/* Pairs with the producer's release store of `ready`. */
+		uint64_t st = e->state.load(std::memory_order_acquire);
+		if (st == (shm::cq_slot_ready | (c & (shm::cq_slot_claimed - 1)))) {
+			read_entry(*e, out);
+			e->state.store(shm::cq_slot_free, std::memory_order_relaxed);
+			if (counts_as_solicited(out))
+				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
+			/* Pairs with the producers' acquire load of cons:
+			 * the slot is free before it can be claimed again. */
+			ring.cons.store(c + 1, std::memory_order_release);
+			return true;
+		}
+		if ((st & shm::cq_slot_claimed) && pid_dead(uint32_t(st))) {
+			e->state.store(shm::cq_slot_free, std::memory_order_relaxed);
+			ring.cons.store(c + 1, std::memory_order_release);
+			continue;
+		}
+		return false; /* being filled */
+	}
+}
+
+/* Raises IBV_EVENT_CQ_ERR once for an overflow that any producer (maybe in
+ * another process) recorded in the ring. Caller holds cq.lock. */
+void report_overrun(Cq &cq)
+{
+	if (cq.overrun_reported || !cq.ring->overrun.load(std::memory_order_acquire))
+		return;
+	cq.overrun_reported = true;
+	struct ibv_async_event ev{};
+	ev.element.cq = cq.abi();
+	ev.event_type = IBV_EVENT_CQ_ERR;
+	cq.ctx->post_async_event(ev);
+}
+
+void write_token(int fd)
+{
+	if (fd < 0)
+		return;
+	uint64_t one = 1;
+	/* Cannot block: a semaphore eventfd holds far more tokens than we
+	 * can ever produce. */
+	[[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof(one));
+}
+
+/* Fires the CQ's event if the ring is armed for a completion of this kind:
+ * whoever wins the CAS to "none" counts the event and writes the token. */
+void maybe_fire(shm::CqRing &ring, bool solicited, int channel_fd)
+{
+	uint32_t arm = ring.arm.load(std::memory_order_seq_cst);
+	if (arm == shm::cq_arm_none || (arm == shm::cq_arm_solicited && !solicited))
+		return;
+	if (!ring.arm.compare_exchange_strong(arm, shm::cq_arm_none, std::memory_order_seq_cst))
+		return;
+	ring.fired.fetch_add(1, std::memory_order_seq_cst);
+	write_token(channel_fd);
+}
+
+bool readable(int fd)
+{
+	struct pollfd p = {fd, POLLIN, 0};
+	return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
 }
 
 /*
@@ -112,11 +203,13 @@ Completion pop_completion(Cq &cq)
  * the CQ lock is taken by a successful start_poll() and released by
  * end_poll(); an empty CQ fails start_poll() with ENOENT and releases it.
  */
-void load_current(Cq &cq)
+bool load_current(Cq &cq)
 {
-	cq.current = pop_completion(cq);
+	if (!pop_completion(cq, cq.current))
+		return false;
 	cq.ibv.cq_ex.status = cq.current.wc.status;
 	cq.ibv.cq_ex.wr_id = cq.current.wc.wr_id;
+	return true;
 }
 
 int ex_start_poll(struct ibv_cq_ex *ibcq, struct ibv_poll_cq_attr *attr)
@@ -125,21 +218,18 @@ int ex_start_poll(struct ibv_cq_ex *ibcq, struct ibv_poll_cq_attr *attr)
 		return EINVAL;
 	Cq &cq = *Cq::from(ibcq);
 	cq.lock.lock();
-	if (cq.queue.empty()) {
+	report_overrun(cq);
+	if (!load_current(cq)) {
 		cq.lock.unlock();
 		return ENOENT;
 	}
-	load_current(cq);
 	return 0;
 }
 
 int ex_next_poll(struct ibv_cq_ex *ibcq)
 {
 	Cq &cq = *Cq::from(ibcq);
-	if (cq.queue.empty())
-		return ENOENT;
-	load_current(cq);
-	return 0;
+	return load_current(cq) ? 0 : ENOENT;
 }
 
 void ex_end_poll(struct ibv_cq_ex *ibcq)
@@ -242,30 +332,37 @@ int get_cq_event(CompChannel &ch, Cq *&out)
 	for (;;) {
 		{
 			std::lock_guard guard(ch.lock);
-			if (!ch.pending.empty()) {
-				Cq *cq = ch.pending.front();
-				ch.pending.pop_front();
-				uint64_t token;
-				/* Present by the invariant: cannot block. */
-				[[maybe_unused]] ssize_t n = ::read(ch.ibv.fd, &token, sizeof(token));
-				pthread_mutex_lock(&cq->ibv.cq.mutex);
-				cq->comp_events_reported++;
-				pthread_mutex_unlock(&cq->ibv.cq.mutex);
-				out = cq;
-				return 0;
+			/* Only token readers consume tokens, all under this
+			 * lock: a token seen here is still there for read(). */
+			if (readable(ch.ibv.fd)) {
+				for (Cq *cq : ch.cqs) {
+					if (cq->ring->fired.load(std::memory_order_acquire) <=
+					    cq->events_taken)
+						continue;
+					uint64_t token;
+					[[maybe_unused]] ssize_t n =
+						::read(ch.ibv.fd, &token, sizeof(token));
+					cq->events_taken++;
+					pthread_mutex_lock(&cq->ibv.cq.mutex);
+					cq->comp_events_reported++;
+					pthread_mutex_unlock(&cq->ibv.cq.mutex);
+					out = cq;
+					return 0;
+				}
 			}
 		}
-		/* Nothing queued: behave as read() on the uverbs channel fd
+		/* Nothing to take: behave as read() on the uverbs channel fd
 		 * does, according to the O_NONBLOCK flag the application may
-		 * have set. Sleeping in poll() instead of read() keeps every
-		 * token consumption under the lock. */
+		 * have set. */
 		int fl = fcntl(ch.ibv.fd, F_GETFL);
 		if (fl < 0)
 			return errno;
 		if (fl & O_NONBLOCK)
 			return EAGAIN;
 		struct pollfd p = {ch.ibv.fd, POLLIN, 0};
-		if (::poll(&p, 1, -1) < 0 && errno != EINTR)
+		/* A token whose `fired` increment we cannot see yet is a
+		 * moment away: look again after a short sleep. */
+		if (::poll(&p, 1, readable(ch.ibv.fd) ? 1 : -1) < 0 && errno != EINTR)
 			return errno;
 	}
 }
@@ -315,11 +412,29 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 	auto *cq = new (std::nothrow) Cq{};
 	if (!cq)
 		return Err{ENOMEM};
+	/* The ring: a power of two of slots above the granted cqe. Shrinking
+	 * keeps the ring; growing beyond it makes a new one (resize_cq). */
+	uint32_t capacity = 1;
+	while (capacity < cqe + 1)
+		capacity <<= 1;
+	Segment &seg = Segment::of(ctx.device->index);
+	cq->ring_bytes = cq_ring_bytes(capacity);
+	cq->ring_off = seg.alloc(cq->ring_bytes);
+	if (!cq->ring_off) {
+		delete cq;
+		return Err{ENOMEM};
+	}
+	cq->ring = seg.at<shm::CqRing>(cq->ring_off);
+	cq->capacity = capacity;
+	cq->ring->magic = shm::cq_magic;
+	cq->ring->capacity = capacity;
+	cq->ring->limit.store(cqe);
 	cq->ctx = &ctx;
 	cq->channel = attr.channel ? CompChannel::from(attr.channel) : nullptr;
 	cq->wc_flags = attr.wc_flags;
 	cq->extended = extended;
 	cq->create_flags = (attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) ? attr.flags : 0;
+	cq->ring->ignore_overrun.store((cq->create_flags & IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) ? 1 : 0);
 	cq->cqn = next_cqn.fetch_add(1, std::memory_order_relaxed);
 
 	struct ibv_cq_ex &ex = cq->ibv.cq_ex;
@@ -340,6 +455,8 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 		pthread_mutex_lock(&ctx.abi()->mutex);
 		cq->channel->ibv.refcnt++;
 		pthread_mutex_unlock(&ctx.abi()->mutex);
+		std::lock_guard guard(cq->channel->lock);
+		cq->channel->cqs.push_back(cq);
 	}
 	ctx.add_event_source(cq, &cq->async_events);
 	return cq;
@@ -359,10 +476,49 @@ int resize_cq(Cq &cq, int cqe)
 	std::lock_guard guard(cq.lock);
 	if (granted == uint32_t(cq.ibv.cq.cqe))
 		return 0;
+	shm::CqRing &ring = *cq.ring;
 	/* The device refuses to shrink below the completions it holds;
 	 * those it holds move to the resized CQ in order. */
-	if (cq.queue.size() > granted)
+	if (ring.prod.load() - ring.cons.load() > granted)
 		return EINVAL;
+	if (granted + 1 > cq.capacity) {
+		/* A bigger ring. Producers in other processes reach the ring
+		 * through QPs that use this CQ: move only an unused CQ. */
+		if (cq.uses.busy())
+			return ENOMEM;
+		uint32_t capacity = cq.capacity;
+		while (capacity < granted + 1)
+			capacity <<= 1;
+		Segment &seg = Segment::of(cq.ctx->device->index);
+		uint64_t bytes = cq_ring_bytes(capacity);
+		uint64_t off = seg.alloc(bytes);
+		if (!off)
+			return ENOMEM;
+		auto *fresh = seg.at<shm::CqRing>(off);
+		fresh->magic = shm::cq_magic;
+		fresh->capacity = capacity;
+		fresh->ignore_overrun.store(ring.ignore_overrun.load());
+		fresh->arm.store(ring.arm.load());
+		fresh->fired.store(ring.fired.load());
+		fresh->overrun.store(ring.overrun.load());
+		Completion c;
+		uint64_t n = 0;
+		while (pop_completion(cq, c)) {
+			shm::CqEntry *e = slot_at(*fresh, capacity, n);
+			fill_entry(*e, c);
+			if (counts_as_solicited(c))
+				fresh->solicited_published.fetch_add(1);
+			e->state.store(shm::cq_slot_ready | n);
+			n++;
+		}
+		fresh->prod.store(n);
+		seg.free(cq.ring_off, cq.ring_bytes);
+		cq.ring = fresh;
+		cq.ring_off = off;
+		cq.ring_bytes = bytes;
+		cq.capacity = capacity;
+	}
+	cq.ring->limit.store(granted);
 	cq.ibv.cq.cqe = static_cast<int>(granted);
 	return 0;
 }
@@ -373,17 +529,19 @@ int destroy_cq(Cq &cq)
 		return EBUSY;
 
 	/* From here on the CQ is gone for the device: undelivered events
-	 * are withdrawn from the channel (with their tokens, keeping the
-	 * channel's invariant), as uverbs drops unread events of a CQ. */
+	 * are withdrawn from the channel with their tokens, as uverbs drops
+	 * unread events of a CQ. */
 	if (CompChannel *ch = cq.channel) {
 		std::lock_guard guard(ch->lock);
 		cq.detached = true;
-		for (auto it = ch->pending.begin(); it != ch->pending.end();) {
-			if (*it != &cq) {
-				++it;
-				continue;
-			}
-			it = ch->pending.erase(it);
+		std::erase(ch->cqs, &cq);
+		uint64_t undelivered = cq.ring->fired.load() - cq.events_taken;
+		for (uint64_t i = 0; i < undelivered; i++) {
+			/* The token follows its `fired` increment at once;
+			 * bounded in case its producer died in between. */
+			struct pollfd p = {ch->ibv.fd, POLLIN, 0};
+			if (::poll(&p, 1, 100) != 1)
+				break;
 			uint64_t token;
 			[[maybe_unused]] ssize_t n = ::read(ch->ibv.fd, &token, sizeof(token));
 		}
@@ -405,6 +563,9 @@ int destroy_cq(Cq &cq)
 	}
 	pthread_cond_destroy(&cq.ibv.cq.cond);
 	pthread_mutex_destroy(&cq.ibv.cq.mutex);
+	/* No QP names the CQ any more, and a QP's destroy waited until no
+	 * remote producer was inside it: the ring can be reused. */
+	Segment::of(cq.ctx->device->index).free(cq.ring_off, cq.ring_bytes);
 	delete &cq;
 	return 0;
 }
@@ -416,27 +577,31 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	if (!wc)
 		return -EINVAL;
 	std::lock_guard guard(cq.lock);
+	report_overrun(cq);
 	int n = 0;
-	while (n < num_entries && !cq.queue.empty())
-		wc[n++] = pop_completion(cq).wc;
+	Completion c;
+	while (n < num_entries && pop_completion(cq, c))
+		wc[n++] = c.wc;
 	return n;
 }
 
 int req_notify_cq(Cq &cq, int solicited_only)
 {
-	bool fire;
-	{
-		std::lock_guard guard(cq.arm_lock);
-		cq.arm = solicited_only ? CqArm::Solicited : CqArm::Next;
-		/* The arm doorbell carries the consumer index: completions
-		 * that are already there and not yet polled raise the event
-		 * at once, as on ConnectX. */
-		fire = solicited_only ? cq.unpolled_solicited.load() > 0 : cq.unpolled.load() > 0;
-		if (fire)
-			cq.arm = CqArm::None;
-	}
-	if (fire)
-		raise_completion_event(cq);
+	shm::CqRing &ring = *cq.ring;
+	/* Dekker with the producers (all seq_cst): we store the arm and then
+	 * look for unpolled completions; a producer publishes and then loads
+	 * the arm. Either it sees the arm and fires, or we see its
+	 * completion here and fire ourselves, as ConnectX's arm doorbell
+	 * (which carries the consumer index) does. */
+	ring.arm.store(solicited_only ? shm::cq_arm_solicited : shm::cq_arm_next,
+		       std::memory_order_seq_cst);
+	bool pending = solicited_only
+		? ring.solicited_published.load(std::memory_order_seq_cst) >
+		  ring.solicited_polled.load(std::memory_order_seq_cst)
+		: ring.prod.load(std::memory_order_seq_cst) >
+		  ring.cons.load(std::memory_order_seq_cst);
+	if (pending)
+		maybe_fire(ring, true, cq.channel ? cq.channel->ibv.fd : -1);
 	return 0;
 }
 
@@ -460,46 +625,58 @@ int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr)
 	return 0;
 }
 
+uint64_t cq_ring_bytes(uint32_t capacity)
+{
+	return shm::cq_slots_offset + uint64_t(capacity) * sizeof(shm::CqEntry);
+}
+
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
+		    bool *overrun_now)
+{
+	if (overrun_now)
+		*overrun_now = false;
+	if (ring.overrun.load(std::memory_order_acquire))
+		return ENOSPC; /* an overrun CQ is in error for good */
+	uint64_t p = ring.prod.load(std::memory_order_seq_cst);
+	for (;;) {
+		/* Pairs with the consumer's release store of cons. */
+		uint64_t cons = ring.cons.load(std::memory_order_acquire);
+		uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
+		if (p - cons >= limit) {
+			if (ring.ignore_overrun.load(std::memory_order_relaxed))
+				return ENOSPC;
+			uint32_t zero = 0;
+			bool first = ring.overrun.compare_exchange_strong(zero, 1);
+			if (overrun_now)
+				*overrun_now = first;
+			return ENOSPC;
+		}
+		if (ring.prod.compare_exchange_weak(p, p + 1, std::memory_order_seq_cst))
+			break;
+	}
+	shm::CqEntry *e = slot_at(ring, capacity, p);
+	e->state.store(shm::cq_slot_claimed | uint32_t(getpid()), std::memory_order_relaxed);
+	fill_entry(*e, c);
+	bool sol = counts_as_solicited(c);
+	/* Pairs with the consumer's acquire load of the state. */
+	e->state.store(shm::cq_slot_ready | (p & (shm::cq_slot_claimed - 1)),
+		       std::memory_order_seq_cst);
+	if (sol)
+		ring.solicited_published.fetch_add(1, std::memory_order_seq_cst);
+	maybe_fire(ring, sol, channel_fd);
+	return 0;
+}
+
 int deliver_completion(Cq &cq, const Completion &c)
 {
 	bool overrun_now = false;
-	bool dropped = false;
-	{
-		std::lock_guard guard(cq.lock);
-		if (cq.overrun) {
-			dropped = true; /* an overrun CQ is in error for good */
-		} else if (cq.queue.size() >= uint32_t(cq.ibv.cq.cqe)) {
-			dropped = true;
-			if (!(cq.create_flags & IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) && !cq.overrun) {
-				cq.overrun = true;
-				overrun_now = true;
-			}
-		} else {
-			cq.queue.push_back(c);
-			cq.unpolled.fetch_add(1, std::memory_order_relaxed);
-			if (counts_as_solicited(c))
-				cq.unpolled_solicited.fetch_add(1, std::memory_order_relaxed);
-		}
-	}
+	int err = cq_ring_produce(*cq.ring, cq.capacity, c, cq.channel ? cq.channel->ibv.fd : -1,
+				  &overrun_now);
 	if (overrun_now) {
-		struct ibv_async_event ev{};
-		ev.element.cq = cq.abi();
-		ev.event_type = IBV_EVENT_CQ_ERR;
-		cq.ctx->post_async_event(ev);
+		std::lock_guard guard(cq.lock);
+		report_overrun(cq);
 	}
-	if (dropped)
-		return ENOSPC;
-
-	bool fire;
-	{
-		std::lock_guard guard(cq.arm_lock);
-		fire = wakes(cq.arm, c);
-		if (fire)
-			cq.arm = CqArm::None;
-	}
-	if (fire)
-		raise_completion_event(cq);
-	return 0;
+	return err;
 }
 
 } // namespace shmverbs

@@ -6,11 +6,12 @@
 
 #include "context.h"
 #include "pd.h"
+#include "shm_layout.h"
 
 #include <infiniband/verbs.h>
 
 #include <atomic>
-#include <deque>
+#include <vector>
 #include <mutex>
 
 namespace shmverbs {
@@ -20,18 +21,20 @@ struct Cq;
 /*
  * A completion channel: the fd an application sleeps on in ibv_get_cq_event().
  * The fd is a semaphore eventfd (like Context's async_fd) so that it works
- * with poll()/epoll and O_NONBLOCK exactly like a uverbs completion channel,
- * and so that a later issue can hand it to the process that produces the
- * completions.
+ * with poll()/epoll and O_NONBLOCK exactly like a uverbs completion channel.
+ * Its descriptor is attached to the broker objects whose completions land in
+ * its CQs, so that a producer in another process can write the token.
  *
- * Invariant, under `lock`: the eventfd's counter equals pending.size(). Every
- * token is written and consumed with the lock held, so a reader that finds
- * an entry can consume its token without ever blocking.
+ * Tokens equal events. A producer (any process) that disarms a CQ bumps the
+ * CQ's shared `fired` word and then writes one token. get_cq_event() takes a
+ * token only under `lock`, and only when poll() says one is there, and then
+ * hands out the event of a CQ whose fired count exceeds the events it took:
+ * there is one, since every token was preceded by its `fired` increment.
  */
 struct CompChannel {
 	struct ibv_comp_channel ibv; /* first: ibv_comp_channel* <-> CompChannel* */
 	std::mutex lock;
-	std::deque<Cq *> pending; /* CQs with an undelivered completion event */
+	std::vector<Cq *> cqs; /* CQs using this channel, under lock */
 
 	struct ibv_comp_channel *abi() { return &ibv; }
 	static CompChannel *from(struct ibv_comp_channel *ch)
@@ -76,24 +79,26 @@ struct Cq {
 	bool extended;                /* made by ibv_create_cq_ex() */
 	uint32_t cqn;
 
-	/* The completion ring. Recursive because the data path may deliver a
-	 * completion from inside a start_poll()/end_poll() batch of the same
-	 * thread (a loopback send posted while polling); `lock` is held from
+	/* The completion ring, in this process's shared segment (layout and
+	 * protocol: shm_layout.h CqRing). Producers in any process append;
+	 * this process is the only consumer, under `lock`. Recursive because
+	 * the data path may deliver a completion from inside a
+	 * start_poll()/end_poll() batch of the same thread; `lock` is held from
 	 * start_poll() to end_poll() as libmlx5 holds its CQ spinlock. */
 	std::recursive_mutex lock;
-	/* Unpolled completions, oldest first; at most ibv.cq.cqe of them.
-	 * Grown on demand: a CQ's capacity costs nothing until it fills. */
-	std::deque<Completion> queue;
-	bool overrun = false;          /* the CQ overflowed: IBV_EVENT_CQ_ERR was raised */
+	shm::CqRing *ring = nullptr;
+	uint64_t ring_off = 0;         /* in Segment::of(device) */
+	uint64_t ring_bytes = 0;
+	uint32_t capacity = 0;         /* slots, copied from the ring at creation */
+	bool overrun_reported = false; /* IBV_EVENT_CQ_ERR was raised (under lock) */
 	Completion current{};          /* the entry ibv_cq_ex read_* report */
 
-	/* Arming. Separate from `lock` so ibv_req_notify_cq() never waits for a
-	 * poll batch (libmlx5 arms through a doorbell without the CQ lock).
-	 * The counters let arming see unpolled completions without the ring. */
+	/* Arming lives in the ring (ring->arm) so that producers in other
+	 * processes can fire; arm_lock only orders local moderation updates. */
 	std::mutex arm_lock;
-	CqArm arm = CqArm::None;
-	std::atomic<uint32_t> unpolled{0};
-	std::atomic<uint32_t> unpolled_solicited{0}; /* solicited or unsuccessful */
+	/* Completion events taken by ibv_get_cq_event(), under channel->lock;
+	 * compared with ring->fired. */
+	uint64_t events_taken = 0;
 
 	/* Completion events handed out by ibv_get_cq_event(); acknowledged
 	 * ones are counted in ibv.cq.comp_events_completed. Both under
@@ -145,5 +150,18 @@ int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
  * Thread-safe; may be called from inside a poll batch of the same thread.
  */
 int deliver_completion(Cq &cq, const Completion &c);
+
+/*
+ * The producer side for any process: appends to a CQ ring (mapped from the
+ * owner's segment, capacity validated by the caller) and, when the ring is
+ * armed for this completion, disarms it and writes a token to `channel_fd`
+ * (-1: no channel). Returns 0, or ENOSPC when the ring was full (the ring's
+ * overrun word is then set; the owner raises IBV_EVENT_CQ_ERR).
+ * *overrun_now is set when this call overflowed the CQ first.
+ */
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
+		    bool *overrun_now = nullptr);
+/* Slot bytes of a ring holding `capacity` completions. */
+uint64_t cq_ring_bytes(uint32_t capacity);
 
 } // namespace shmverbs

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include "mr.h"
+#include "segment.h"
 #include "device.h"
 
 #include <sys/mman.h>
@@ -58,8 +59,14 @@ bool KeyRef::permits(uint64_t iova, uint64_t length, uint32_t access) const
 /* ---- KeyTable ---- */
 
 KeyTable::KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space)
+	: KeyTable(max_mr, max_mw, index_space, -1)
+{
+}
+
+KeyTable::KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space, int shared_device)
 	: max_mr_(max_mr), max_mw_(max_mw),
 	  index_space_(std::min(std::max(index_space, first_index), index_space_max)),
+	  shared_device_(shared_device),
 	  chunks_(std::make_unique<std::atomic<KeySlot *>[]>((index_space_ + chunk_size - 1) /
 							      chunk_size))
 {
@@ -77,6 +84,8 @@ KeyTable::KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space)
 KeyTable::~KeyTable()
 {
 	size_t n = (index_space_ + chunk_size - 1) / chunk_size;
+	if (shared_device_ >= 0)
+		return; /* segment memory is never freed */
 	for (size_t i = 0; i < n; i++)
 		delete[] chunks_[i].load(std::memory_order_relaxed);
 }
@@ -92,7 +101,8 @@ KeyTable &KeyTable::of(const Device &dev)
 	if (!table) {
 		struct ibv_device_attr attr = dev.device_attr();
 		table = new KeyTable(static_cast<uint32_t>(attr.max_mr),
-				     static_cast<uint32_t>(attr.max_mw));
+				     static_cast<uint32_t>(attr.max_mw), index_space_max,
+				     int(dev.index));
 	}
 	return *table;
 }
@@ -110,6 +120,18 @@ KeySlot &KeyTable::slot_alloc(uint32_t index)
 {
 	std::atomic<KeySlot *> &chunk = chunks_[index >> chunk_bits];
 	KeySlot *slots = chunk.load(std::memory_order_relaxed);
+	if (!slots && shared_device_ >= 0) {
+		/* In the shared segment, where peers find it through the
+		 * header (shm_layout.h); fresh segment memory is zero, which
+		 * is a valid unpublished KeySlot. */
+		Segment &seg = Segment::of(uint32_t(shared_device_));
+		uint64_t off = seg.alloc(sizeof(KeySlot) * chunk_size);
+		if (off) {
+			slots = new (seg.at<void>(off)) KeySlot[chunk_size];
+			seg.header().key_chunks[index >> chunk_bits].store(off, std::memory_order_release);
+			chunk.store(slots, std::memory_order_release);
+		}
+	}
 	if (!slots) {
 		slots = new KeySlot[chunk_size];
 		chunk.store(slots, std::memory_order_release);

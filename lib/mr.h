@@ -57,8 +57,16 @@ constexpr uint8_t key_variant(uint32_t key) { return static_cast<uint8_t>(key); 
 constexpr uint32_t make_key(uint32_t index, uint8_t variant) { return index << 8 | variant; }
 
 /* What a key grants. */
+/* How initiators in other processes reach the memory a key names (the
+ * target's choice, per MR; see lib/remote_memory.h). */
+enum class MemPath : uint8_t {
+	Cma = 0,    /* process_vm_readv/writev by owner_pid; atomics under an OFD lock */
+	Shared = 1, /* memshare: the pages are a shared file, offset == VA (lib/memshare) */
+};
+
 struct KeyEntry {
 	KeyKind kind;
+	MemPath path;        /* set by whoever made the memory shareable */
 	uint32_t access;     /* IBV_ACCESS_* as registered (local read is implied) */
 	uint32_t pdn;        /* protection domain proper (never a parent domain) */
 	uint32_t parent_key; /* MW: the key of the MR it is bound to, else 0 */
@@ -119,6 +127,9 @@ public:
 	/* max_mr/max_mw: the device limits (ENOMEM beyond them); index_space:
 	 * number of slot indices, reserved ones included (tests shrink it). */
 	KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space = index_space_max);
+	/* A device's table: its slot chunks live in the process's shared
+	 * segment of that device (lib/segment.h), where peers read them. */
+	KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space, int shared_device);
 	~KeyTable();
 	KeyTable(const KeyTable &) = delete;
 	KeyTable &operator=(const KeyTable &) = delete;
@@ -163,6 +174,7 @@ private:
 	KeySlot &slot_alloc(uint32_t index); /* under lock_ */
 
 	const uint32_t max_mr_, max_mw_, index_space_;
+	const int shared_device_ = -1; /* >= 0: chunks in that device's segment */
 	std::unique_ptr<std::atomic<KeySlot *>[]> chunks_;
 	mutable std::mutex lock_;
 	uint32_t next_fresh_ = first_index;

@@ -7,6 +7,7 @@
  */
 #include "qp.h"
 
+#include "datapath.h"
 #include "ids.h"
 #include "qp_state.h"
 
@@ -483,6 +484,8 @@ Result<Qp> create_qp(Context &ctx, struct ibv_qp_init_attr_ex &attr)
 	}
 	ctx.add_event_source(qp->abi(), &qp->async_events);
 	core.release();
+	/* Queues in shared memory, published under the QP number. */
+	attach_data_path(*qp);
 
 	attr.cap = caps.created;
 	return qp;

@@ -12,6 +12,7 @@
 #include "ops.h"
 
 #include "qp.h"
+#include "datapath.h"
 
 #include <infiniband/verbs.h>
 
@@ -120,10 +121,33 @@ bool is_rxe(struct ibv_qp *qp)
 
 namespace shmverbs::abi {
 
+/* The data path (lib/datapath.h): ibv_post_send/ibv_post_recv. */
+int ctx_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+	struct ibv_send_wr *ignored;
+	if (!bad_wr)
+		bad_wr = &ignored;
+	if (!qp)
+		return EINVAL;
+	return guard_int([&] { return post_send(*Qp::from(qp), wr, bad_wr); });
+}
+
+int ctx_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	struct ibv_recv_wr *ignored;
+	if (!bad_wr)
+		bad_wr = &ignored;
+	if (!qp)
+		return EINVAL;
+	return guard_int([&] { return post_recv(*Qp::from(qp), wr, bad_wr); });
+}
+
 void install_qp_ops(struct verbs_context &v)
 {
 	v.create_qp_ex = ctx_create_qp_ex;
 	v.open_qp = ctx_open_qp;
+	v.context.ops.post_send = ctx_post_send;
+	v.context.ops.post_recv = ctx_post_recv;
 }
 
 } // namespace shmverbs::abi

@@ -1,0 +1,852 @@
+/* SPDX-License-Identifier: MIT */
+#include "datapath.h"
+
+#include "log.h"
+#include "mr.h"
+#include "remote_memory.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+namespace shmverbs {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t key_chunk_bits = 12;
+constexpr uint32_t key_chunk_slots = 1u << key_chunk_bits;
+
+/* IB's RNR NAK timer encoding (IBA table 45), in microseconds. */
+constexpr double rnr_timer_us[32] = {
+	655360, 10,    20,    30,    40,    60,    80,     120,    160,    240,    320,
+	480,    640,   960,   1280,  1920,  2560,  3840,   5120,   7680,   10240,  15360,
+	20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+
+Clock::duration scaled_us(double us)
+{
+	return std::chrono::microseconds(int64_t(us * time_scale()));
+}
+
+/* Local ACK timeout x (retry_cnt + 1): how long an RC requester waits for a
+ * peer that does not answer. Timeout 0 means "infinite" in IB; a dead peer
+ * must never hang anyone, so it counts as 2^14 (67 ms) here. */
+Clock::duration dead_peer_wait(const struct ibv_qp_attr &a)
+{
+	unsigned t = a.timeout ? a.timeout : 14;
+	double us = 4.096 * double(1ull << std::min(t, 31u)) * (a.retry_cnt + 1);
+	return scaled_us(us);
+}
+
+/* The target's key in its segment's key table (lib/mr.h slots): held until
+ * the KeyRef goes, so the owner's dereg_mr waits for us. */
+KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
+{
+	uint32_t index = key >> 8;
+	if (index < 3)
+		return {}; /* never a remotely usable key (null MR, reserved) */
+	uint32_t chunk = index >> key_chunk_bits;
+	if (chunk >= shm::key_chunk_count)
+		return {};
+	auto *hdr = seg.at<shm::SegmentHeader>(0);
+	uint64_t off = hdr->key_chunks[chunk].load(std::memory_order_acquire);
+	auto *slots = off ? seg.at<KeySlot>(off, sizeof(KeySlot) * key_chunk_slots) : nullptr;
+	if (!slots)
+		return {};
+	KeySlot *s = &slots[index & (key_chunk_slots - 1)];
+	/* The same protocol as KeyTable::acquire (seq_cst Dekker with
+	 * unpublish). */
+	s->readers.fetch_add(1, std::memory_order_seq_cst);
+	if (s->key.load(std::memory_order_seq_cst) != key) {
+		s->readers.fetch_sub(1, std::memory_order_release);
+		return {};
+	}
+	return KeyRef(s);
+}
+
+/* Local SGEs checked against our key table; iovecs of our memory. */
+enum ibv_wc_status local_iovecs(uint32_t device, uint32_t pdn, const std::vector<ibv_sge> &sges,
+				uint32_t access, std::vector<struct iovec> &out,
+				std::vector<KeyRef> &refs, uint64_t &total)
+{
+	KeyTable &keys = KeyTable::of(*devices()[device]);
+	total = 0;
+	for (const ibv_sge &s : sges) {
+		if (!s.length)
+			continue;
+		KeyRef ref = keys.acquire(s.lkey);
+		if (!ref || (ref->kind != KeyKind::NullMr && ref->pdn != pdn) ||
+		    !ref.permits(s.addr, s.length, access))
+			return IBV_WC_LOC_PROT_ERR;
+		if (ref->kind == KeyKind::NullMr) {
+			/* Writes are discarded, nothing is read. */
+			static thread_local std::vector<char> sink;
+			if (sink.size() < s.length)
+				sink.resize(s.length);
+			out.push_back({sink.data(), s.length});
+		} else {
+			out.push_back({reinterpret_cast<void *>(ref.address_of(s.addr)), s.length});
+		}
+		total += s.length;
+		refs.push_back(std::move(ref));
+	}
+	return IBV_WC_SUCCESS;
+}
+
+/* A validated view of a target QP. */
+struct Target {
+	PeerObject obj;
+	shm::QpDesc *desc = nullptr;
+};
+
+/* A CQ ring in a peer's segment, geometry validated. */
+shm::CqRing *peer_cq(const PeerSegment &seg, uint64_t off, uint32_t &capacity)
+{
+	auto *ring = off ? seg.at<shm::CqRing>(off, shm::cq_slots_offset) : nullptr;
+	if (!ring || ring->magic != shm::cq_magic)
+		return nullptr;
+	capacity = ring->capacity;
+	if (!capacity || (capacity & (capacity - 1)) || !seg.at<char>(off, cq_ring_bytes(capacity)))
+		return nullptr;
+	return ring;
+}
+
+/* A receive queue in a peer's segment, geometry copied and validated. */
+struct PeerRq {
+	shm::RecvQueue *rq = nullptr;
+	uint32_t entries = 0, max_sge = 0, stride = 0;
+};
+
+bool peer_rq(const PeerSegment &seg, uint64_t off, PeerRq &out)
+{
+	auto *rq = off ? seg.at<shm::RecvQueue>(off, shm::rq_slots_offset) : nullptr;
+	if (!rq || rq->magic != shm::rq_magic)
+		return false;
+	out.rq = rq;
+	out.entries = rq->entries;
+	out.max_sge = rq->max_sge;
+	out.stride = rq->stride;
+	if (!out.entries || (out.entries & (out.entries - 1)) || out.max_sge > 1024 ||
+	    out.stride != sizeof(shm::RecvWqe) + sizeof(shm::RecvSge) * out.max_sge)
+		return false;
+	return seg.at<char>(off, shm::rq_slots_offset + uint64_t(out.entries) * out.stride) != nullptr;
+}
+
+/* Takes one receive WQE (a copy) from a ring, or returns false when empty. */
+bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &sges)
+{
+	char *slots = reinterpret_cast<char *>(q.rq) + shm::rq_slots_offset;
+	uint64_t head = q.rq->head.load(std::memory_order_acquire);
+	for (;;) {
+		/* Pairs with the owner's release store of tail. */
+		uint64_t tail = q.rq->tail.load(std::memory_order_acquire);
+		if (head >= tail)
+			return false;
+		const char *slot = slots + (head & (q.entries - 1)) * q.stride;
+		std::memcpy(&wqe, slot, sizeof(wqe));
+		uint32_t n = std::min(wqe.num_sge, q.max_sge);
+		sges.resize(n);
+		std::memcpy(sges.data(), slot + sizeof(wqe), n * sizeof(shm::RecvSge));
+		wqe.num_sge = n;
+		/* The slot is rewritten only after head passed it: the copy
+		 * is intact if this succeeds. */
+		if (q.rq->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel))
+			return true;
+	}
+}
+
+Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op,
+			   uint32_t qpn)
+{
+	Completion c{};
+	c.wc.wr_id = wr_id;
+	c.wc.status = status;
+	c.wc.opcode = op;
+	c.wc.qp_num = qpn;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	c.timestamp_ns = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+	return c;
+}
+
+enum ibv_wc_opcode send_wc_opcode(enum ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return IBV_WC_RDMA_WRITE;
+	case IBV_WR_RDMA_READ:
+		return IBV_WC_RDMA_READ;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return IBV_WC_COMP_SWAP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return IBV_WC_FETCH_ADD;
+	default:
+		return IBV_WC_SEND;
+	}
+}
+
+bool opcode_allowed(enum ibv_qp_type type, int op)
+{
+	switch (op) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+		return true;
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return type != IBV_QPT_UD;
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
+	default:
+		return false;
+	}
+}
+
+/* The inflight count of a target QP, held while we touch its queues/CQ. */
+class Inflight {
+public:
+	explicit Inflight(shm::QpDesc *d) : d_(d)
+	{
+		d_->inflight.fetch_add(1, std::memory_order_seq_cst);
+	}
+	~Inflight() { d_->inflight.fetch_sub(1, std::memory_order_release); }
+
+private:
+	shm::QpDesc *d_;
+};
+
+} // namespace
+
+/* ---- Construction ---- */
+
+QpEngine::QpEngine(Qp &qp)
+	: qp_(qp), seg_(Segment::of(qp.core->device->index)), device_(qp.core->device->index),
+	  qpn_(qp.core->qp_num), type_(qp.core->type), pdn_(qp.pd ? qp.pd->pdn : 0),
+	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq)
+{
+	desc_off_ = seg_.alloc(sizeof(shm::QpDesc));
+	if (!desc_off_)
+		return;
+	desc_ = seg_.at<shm::QpDesc>(desc_off_);
+	desc_->qpn = qpn_;
+	desc_->type = type_;
+	desc_->pdn = pdn_;
+	desc_->state.store(IBV_QPS_RESET);
+	desc_->srqn = qp.srq ? qp.srq->srq_num : 0;
+	if (recv_cq_) {
+		desc_->recv_cq_off = recv_cq_->ring_off;
+		desc_->recv_cq_has_channel = recv_cq_->channel != nullptr;
+	}
+	if (!qp.srq && type_ != IBV_QPT_XRC_SEND && type_ != IBV_QPT_XRC_RECV) {
+		uint32_t entries = std::max(qp.core->caps.created.max_recv_wr, 1u);
+		uint32_t e = 1;
+		while (e < entries)
+			e <<= 1;
+		rq_entries_ = e;
+		rq_max_sge_ = std::max(qp.core->caps.created.max_recv_sge, 1u);
+		rq_stride_ = uint32_t(sizeof(shm::RecvWqe) + sizeof(shm::RecvSge) * rq_max_sge_);
+		rq_bytes_ = shm::rq_slots_offset + uint64_t(rq_entries_) * rq_stride_;
+		rq_off_ = seg_.alloc(rq_bytes_);
+		if (rq_off_) {
+			rq_ = seg_.at<shm::RecvQueue>(rq_off_);
+			rq_->entries = rq_entries_;
+			rq_->max_sge = rq_max_sge_;
+			rq_->stride = rq_stride_;
+			rq_->magic = shm::rq_magic;
+			desc_->rq_off = rq_off_;
+		}
+	}
+	desc_->magic = shm::qp_magic;
+	progress_register(this);
+}
+
+QpEngine::~QpEngine()
+{
+	progress_unregister(this);
+	quiesce();
+	if (published_)
+		seg_.withdraw(broker::ObjectKind::Qp, qpn_);
+	seg_.free(rq_off_, rq_bytes_);
+	seg_.free(desc_off_, sizeof(shm::QpDesc));
+}
+
+int QpEngine::publish()
+{
+	if (!desc_)
+		return ENOMEM;
+	if (int err = seg_.publish(broker::ObjectKind::Qp, qpn_, desc_off_))
+		return err;
+	published_ = true;
+	if (recv_cq_ && recv_cq_->channel)
+		seg_.attach_fd(broker::ObjectKind::Qp, qpn_, 0, recv_cq_->channel->ibv.fd);
+	return 0;
+}
+
+void QpEngine::quiesce()
+{
+	if (!desc_)
+		return;
+	desc_->dead.store(1, std::memory_order_seq_cst);
+	/* Senders increment inflight and then check `dead` (seq_cst): either
+	 * we see their count or they see the QP dead. A sender that died
+	 * inside leaves its count behind: bounded wait. */
+	auto give_up = Clock::now() + std::chrono::seconds(2);
+	while (desc_->inflight.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
+		std::this_thread::yield();
+}
+
+/* ---- Control-path hooks (core lock held) ---- */
+
+void QpEngine::snapshot_attr()
+{
+	attr_ = qp_.core->attr;
+	if (!desc_)
+		return;
+	desc_->qkey.store(attr_.qkey);
+	desc_->dest_qpn.store(attr_.dest_qp_num);
+	desc_->min_rnr_timer.store(attr_.min_rnr_timer);
+	desc_->path_mtu.store(attr_.path_mtu);
+	desc_->port.store(attr_.port_num);
+}
+
+void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
+{
+	std::lock_guard guard(sq_lock_);
+	snapshot_attr();
+	state_.store(to);
+	if (desc_)
+		desc_->state.store(to, std::memory_order_release);
+}
+
+void QpEngine::reset()
+{
+	std::lock_guard guard(sq_lock_);
+	snapshot_attr();
+	state_.store(IBV_QPS_RESET);
+	if (desc_)
+		desc_->state.store(IBV_QPS_RESET, std::memory_order_release);
+	sq_.clear();
+	if (rq_) {
+		std::lock_guard rq_guard(rq_lock_);
+		rq_->head.store(rq_->tail.load());
+	}
+	/* TODO: drop this QP's completions from its CQs (mlx5_cq_clean). */
+}
+
+void QpEngine::flush()
+{
+	std::lock_guard guard(sq_lock_);
+	state_.store(IBV_QPS_ERR);
+	if (desc_)
+		desc_->state.store(IBV_QPS_ERR, std::memory_order_release);
+	flush_locked();
+}
+
+void QpEngine::flush_locked()
+{
+	struct ibv_wc none{};
+	while (!sq_.empty()) {
+		complete_send(sq_.front(), IBV_WC_WR_FLUSH_ERR, none);
+		sq_.pop_front();
+	}
+	if (rq_ && recv_cq_) {
+		PeerRq q{rq_, rq_entries_, rq_max_sge_, rq_stride_};
+		shm::RecvWqe wqe;
+		std::vector<shm::RecvSge> sges;
+		while (consume_wqe(q, wqe, sges))
+			deliver_completion(*recv_cq_, make_completion(wqe.wr_id, IBV_WC_WR_FLUSH_ERR,
+								      IBV_WC_RECV, qpn_));
+	}
+}
+
+void QpEngine::check_remote_errors()
+{
+	if (!desc_)
+		return;
+	uint32_t err = desc_->remote_error.exchange(shm::remote_error_none);
+	if (err == shm::remote_error_none)
+		return;
+	if (qp_async_error(qp_, IBV_QPS_ERR) && err == shm::remote_error_access)
+		post_qp_event(qp_, IBV_EVENT_QP_ACCESS_ERR);
+}
+
+/* ---- Posting ---- */
+
+int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	if (!rq_) {
+		*bad_wr = wr;
+		return qp_.srq ? EINVAL : ENOMEM;
+	}
+	int st = state_.load();
+	if (st == IBV_QPS_RESET) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	{
+		std::lock_guard guard(rq_lock_);
+		char *slots = reinterpret_cast<char *>(rq_) + shm::rq_slots_offset;
+		for (; wr; wr = wr->next) {
+			uint64_t tail = rq_->tail.load(std::memory_order_relaxed);
+			uint64_t head = rq_->head.load(std::memory_order_acquire);
+			if (tail - head >= qp_.core->caps.created.max_recv_wr) {
+				*bad_wr = wr;
+				return ENOMEM;
+			}
+			if (wr->num_sge < 0 || uint32_t(wr->num_sge) > rq_max_sge_) {
+				*bad_wr = wr;
+				return EINVAL;
+			}
+			char *slot = slots + (tail & (rq_entries_ - 1)) * rq_stride_;
+			shm::RecvWqe wqe{wr->wr_id, uint32_t(wr->num_sge), 0};
+			std::memcpy(slot, &wqe, sizeof(wqe));
+			for (int i = 0; i < wr->num_sge; i++) {
+				shm::RecvSge s{wr->sg_list[i].addr, wr->sg_list[i].length,
+					       wr->sg_list[i].lkey};
+				std::memcpy(slot + sizeof(wqe) + i * sizeof(s), &s, sizeof(s));
+			}
+			/* Pairs with the consumers' acquire load of tail. */
+			rq_->tail.store(tail + 1, std::memory_order_release);
+		}
+	}
+	if (state_.load() == IBV_QPS_ERR) {
+		std::lock_guard guard(sq_lock_);
+		flush_locked();
+	}
+	return 0;
+}
+
+int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+	int st = state_.load();
+	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
+	    type_ == IBV_QPT_XRC_RECV) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	const QpCaps &caps = qp_.core->caps;
+	int err = 0;
+	{
+		std::lock_guard guard(sq_lock_);
+		for (; wr; wr = wr->next) {
+			if (!opcode_allowed(type_, wr->opcode) || wr->num_sge < 0 ||
+			    uint32_t(wr->num_sge) > caps.created.max_send_sge) {
+				err = EINVAL;
+				break;
+			}
+			if (sq_.size() >= caps.created.max_send_wr) {
+				err = ENOMEM;
+				break;
+			}
+			SendWr w{};
+			w.opcode = wr->opcode;
+			w.wr_id = wr->wr_id;
+			w.send_flags = wr->send_flags;
+			w.imm_data = wr->imm_data;
+			if (wr->send_flags & IBV_SEND_INLINE) {
+				size_t total = 0;
+				for (int i = 0; i < wr->num_sge; i++)
+					total += wr->sg_list[i].length;
+				if (total > caps.created.max_inline_data) {
+					err = EINVAL;
+					break;
+				}
+				w.inline_data.reserve(total);
+				for (int i = 0; i < wr->num_sge; i++) {
+					const char *p = reinterpret_cast<const char *>(wr->sg_list[i].addr);
+					w.inline_data.insert(w.inline_data.end(), p, p + wr->sg_list[i].length);
+				}
+			} else {
+				w.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
+			}
+			w.remote_addr = wr->wr.rdma.remote_addr;
+			w.rkey = wr->wr.rdma.rkey;
+			if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+			    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+				w.remote_addr = wr->wr.atomic.remote_addr;
+				w.rkey = wr->wr.atomic.rkey;
+				w.compare_add = wr->wr.atomic.compare_add;
+				w.swap = wr->wr.atomic.swap;
+			}
+			if (type_ == IBV_QPT_UD) {
+				w.remote_qpn = wr->wr.ud.remote_qpn;
+				w.remote_qkey = wr->wr.ud.remote_qkey;
+			}
+			if (type_ == IBV_QPT_XRC_SEND)
+				w.xrc_srqn = wr->qp_type.xrc.remote_srqn;
+			sq_.push_back(std::move(w));
+		}
+		if (state_.load() == IBV_QPS_ERR)
+			flush_locked();
+	}
+	if (err)
+		*bad_wr = wr;
+	if (progress())
+		progress_kick();
+	return err;
+}
+
+/* ---- Execution ---- */
+
+void QpEngine::complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc)
+{
+	bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all;
+	if (status == IBV_WC_SUCCESS && !signaled)
+		return;
+	if (!send_cq_)
+		return;
+	Completion c = make_completion(wr.wr_id, status, send_wc_opcode(wr.opcode), qpn_);
+	c.wc.byte_len = wc.byte_len;
+	deliver_completion(*send_cq_, c);
+}
+
+bool QpEngine::progress()
+{
+	for (;;) {
+		bool fatal = false;
+		{
+			std::unique_lock guard(sq_lock_, std::try_to_lock);
+			if (!guard.owns_lock())
+				return true; /* another thread is at it; come back */
+			if (sq_.empty())
+				return false;
+			if (state_.load() == IBV_QPS_ERR) {
+				flush_locked();
+				return false;
+			}
+			SendWr &wr = sq_.front();
+			if (wr.not_before > Clock::now())
+				return true;
+			struct ibv_wc wc{};
+			Outcome o = execute(wr, wc);
+			if (o == Outcome::Wait)
+				return true;
+			complete_send(wr, wc.status, wc);
+			sq_.pop_front();
+			fatal = o == Outcome::Fatal;
+		}
+		if (fatal) {
+			/* RC: the QP enters ERR and flushes the rest;
+			 * unreliable QPs too (simplification of SQE). */
+			qp_async_error(qp_, IBV_QPS_ERR);
+			return false;
+		}
+	}
+}
+
+/*
+ * Executes one WR (sq_lock_ held). Done: wc.status says how it went (the
+ * send completion is written by the caller). Fatal: the same, and the QP
+ * then moves to ERR. Wait: try again later (wr.not_before).
+ */
+QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
+{
+	const bool reliable = type_ == IBV_QPT_RC || type_ == IBV_QPT_XRC_SEND;
+	auto fail = [&](enum ibv_wc_status s) {
+		wc.status = s;
+		return Outcome::Fatal;
+	};
+
+	/* The local side first: gather (or scatter, for READ/atomics). */
+	std::vector<struct iovec> local;
+	std::vector<KeyRef> local_refs;
+	uint64_t length = 0;
+	const bool into_local = wr.opcode == IBV_WR_RDMA_READ ||
+		wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	if (!wr.inline_data.empty()) {
+		local.push_back({wr.inline_data.data(), wr.inline_data.size()});
+		length = wr.inline_data.size();
+	} else if (enum ibv_wc_status s = local_iovecs(device_, pdn_, wr.sge,
+						       into_local ? IBV_ACCESS_LOCAL_WRITE : 0, local,
+						       local_refs, length)) {
+		return fail(s);
+	}
+	wc.byte_len = uint32_t(length);
+
+	/* The target QP. */
+	uint32_t target_qpn = type_ == IBV_QPT_UD ? wr.remote_qpn : attr_.dest_qp_num;
+	Target t;
+	int err = resolve_object(device_, broker::ObjectKind::Qp, target_qpn, t.obj);
+	if (!err) {
+		t.desc = t.obj.seg->at<shm::QpDesc>(t.obj.off);
+		if (!t.desc || t.desc->magic != shm::qp_magic || t.desc->qpn != target_qpn)
+			err = ENOENT;
+	}
+	auto unreachable = [&]() {
+		if (!reliable) {
+			wc.status = IBV_WC_SUCCESS; /* unreliable: lost on the wire */
+			return Outcome::Done;
+		}
+		/* No answer: the requester retries until timeout x retry_cnt. */
+		if (!wr.peer_dead) {
+			wr.peer_dead = true;
+			wr.give_up = Clock::now() + dead_peer_wait(attr_);
+		}
+		if (Clock::now() < wr.give_up) {
+			wr.not_before = Clock::now() + std::chrono::milliseconds(1);
+			return Outcome::Wait;
+		}
+		return fail(IBV_WC_RETRY_EXC_ERR);
+	};
+	if (err || !t.obj.seg->alive())
+		return unreachable();
+	Inflight inflight(t.desc);
+	if (t.desc->dead.load(std::memory_order_seq_cst)) {
+		forget_object(device_, broker::ObjectKind::Qp, target_qpn);
+		return unreachable();
+	}
+	uint32_t tstate = t.desc->state.load(std::memory_order_acquire);
+	if (tstate != IBV_QPS_RTR && tstate != IBV_QPS_RTS && tstate != IBV_QPS_SQD &&
+	    tstate != IBV_QPS_SQE)
+		return unreachable(); /* a responder that is not ready drops packets */
+	if (type_ == IBV_QPT_UD && t.desc->qkey.load() !=
+	    ((wr.remote_qkey & 0x80000000u) ? attr_.qkey : wr.remote_qkey)) {
+		wc.status = IBV_WC_SUCCESS; /* qkey mismatch: silently dropped */
+		return Outcome::Done;
+	}
+	const PeerSegment &peer = *t.obj.seg;
+
+	/* Remote access for one-sided operations. */
+	auto remote_key = [&](uint32_t access, uint64_t len, KeyRef &ref) {
+		ref = acquire_key(peer, wr.rkey);
+		return ref && ref->kind != KeyKind::NullMr && ref->pdn == t.desc->pdn &&
+		       ref.permits(wr.remote_addr, len, access);
+	};
+	auto responder_error = [&](uint32_t what) {
+		t.desc->remote_error.store(what, std::memory_order_release);
+	};
+
+	switch (wr.opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM: {
+		KeyRef ref;
+		if (!remote_key(IBV_ACCESS_REMOTE_WRITE, length, ref)) {
+			if (!reliable) {
+				wc.status = IBV_WC_SUCCESS; /* UC: dropped */
+				return Outcome::Done;
+			}
+			responder_error(shm::remote_error_access);
+			return fail(IBV_WC_REM_ACCESS_ERR);
+		}
+		/* WRITE_WITH_IMM needs a receive WQE before anything moves. */
+		PeerRq q;
+		shm::RecvWqe wqe{};
+		std::vector<shm::RecvSge> rsges;
+		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+			if (!peer_rq(peer, t.desc->rq_off, q))
+				return fail(IBV_WC_REM_OP_ERR);
+			if (!consume_wqe(q, wqe, rsges)) {
+				if (!reliable) {
+					wc.status = IBV_WC_SUCCESS;
+					return Outcome::Done;
+				}
+				goto rnr;
+			}
+		}
+		if (length && remote_memory_for(peer, *ref).write(peer, *ref, ref.address_of(wr.remote_addr),
+								  local.data(), int(local.size())))
+			return fail(IBV_WC_REM_ACCESS_ERR);
+		ref.release();
+		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+			Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS,
+							IBV_WC_RECV_RDMA_WITH_IMM, target_qpn);
+			rc.wc.byte_len = uint32_t(length);
+			rc.wc.imm_data = wr.imm_data;
+			rc.wc.wc_flags = IBV_WC_WITH_IMM;
+			rc.wc.src_qp = qpn_;
+			rc.solicited = wr.send_flags & IBV_SEND_SOLICITED;
+			uint32_t cap;
+			if (shm::CqRing *ring = peer_cq(peer, t.desc->recv_cq_off, cap))
+				cq_ring_produce(*ring, cap, rc,
+						t.desc->recv_cq_has_channel
+							? fetch_channel_fd(device_, broker::ObjectKind::Qp, target_qpn)
+							: -1);
+		}
+		wc.status = IBV_WC_SUCCESS;
+		return Outcome::Done;
+	}
+	case IBV_WR_RDMA_READ: {
+		KeyRef ref;
+		if (!remote_key(IBV_ACCESS_REMOTE_READ, length, ref)) {
+			responder_error(shm::remote_error_access);
+			return fail(IBV_WC_REM_ACCESS_ERR);
+		}
+		if (length && remote_memory_for(peer, *ref).read(peer, *ref, ref.address_of(wr.remote_addr),
+								 local.data(), int(local.size())))
+			return fail(IBV_WC_REM_ACCESS_ERR);
+		wc.status = IBV_WC_SUCCESS;
+		return Outcome::Done;
+	}
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+		if (length < 8 || (wr.remote_addr & 7))
+			return fail(IBV_WC_REM_INV_REQ_ERR);
+		KeyRef ref;
+		if (!remote_key(IBV_ACCESS_REMOTE_ATOMIC, 8, ref)) {
+			responder_error(shm::remote_error_access);
+			return fail(IBV_WC_REM_ACCESS_ERR);
+		}
+		uint64_t old = 0;
+		AtomicOp op = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? AtomicOp::CmpSwp : AtomicOp::FetchAdd;
+		if (remote_memory_for(peer, *ref).atomic(peer, *ref, ref.address_of(wr.remote_addr), op,
+							 wr.compare_add, wr.swap, &old))
+			return fail(IBV_WC_REM_ACCESS_ERR);
+		ref.release();
+		/* The original value lands in the first 8 bytes of the local SGEs. */
+		char *p = reinterpret_cast<char *>(&old);
+		size_t left = 8;
+		for (const struct iovec &v : local) {
+			size_t n = std::min(left, v.iov_len);
+			std::memcpy(v.iov_base, p, n);
+			p += n;
+			left -= n;
+			if (!left)
+				break;
+		}
+		wc.byte_len = 8;
+		wc.status = IBV_WC_SUCCESS;
+		return Outcome::Done;
+	}
+	default:
+		break;
+	}
+
+	/* SEND / SEND_WITH_IMM: a receive WQE of the target's RQ or SRQ. */
+	{
+		PeerRq q;
+		PeerObject srq_obj;
+		const PeerSegment *rq_seg = &peer;
+		if (t.desc->srqn) {
+			if (resolve_object(device_, broker::ObjectKind::Srq, t.desc->srqn, srq_obj) ||
+			    !peer_rq(*srq_obj.seg, srq_obj.off, q))
+				return fail(IBV_WC_REM_OP_ERR);
+			rq_seg = srq_obj.seg.get();
+		} else if (!peer_rq(peer, t.desc->rq_off, q)) {
+			return fail(IBV_WC_REM_OP_ERR);
+		}
+		shm::RecvWqe wqe{};
+		std::vector<shm::RecvSge> rsges;
+		if (!consume_wqe(q, wqe, rsges)) {
+			if (!reliable) {
+				wc.status = IBV_WC_SUCCESS; /* UC/UD: dropped silently */
+				return Outcome::Done;
+			}
+			goto rnr;
+		}
+		/* UD: the first 40 bytes of the buffer are the GRH's. */
+		uint64_t skip = type_ == IBV_QPT_UD ? 40 : 0;
+		uint64_t room = 0;
+		for (const shm::RecvSge &s : rsges)
+			room += s.length;
+		Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, target_qpn);
+		rc.wc.src_qp = qpn_;
+		rc.solicited = wr.send_flags & IBV_SEND_SOLICITED;
+		if (wr.opcode == IBV_WR_SEND_WITH_IMM) {
+			rc.wc.imm_data = wr.imm_data;
+			rc.wc.wc_flags = IBV_WC_WITH_IMM;
+		}
+		rc.wc.byte_len = uint32_t(length + skip);
+		enum ibv_wc_status sender = IBV_WC_SUCCESS;
+		if (length + skip > room) {
+			rc.wc.status = IBV_WC_LOC_LEN_ERR;
+			sender = IBV_WC_REM_INV_REQ_ERR;
+		} else {
+			/* Scatter: gather into one buffer, then place it piece
+			 * by piece into the receive SGEs. */
+			std::vector<char> data(length);
+			size_t at = 0;
+			for (const struct iovec &v : local) {
+				std::memcpy(data.data() + at, v.iov_base, v.iov_len);
+				at += v.iov_len;
+			}
+			uint64_t pos = 0;  /* position in the message incl. GRH */
+			for (const shm::RecvSge &s : rsges) {
+				if (pos >= length + skip)
+					break;
+				uint64_t n = std::min<uint64_t>(s.length, length + skip - pos);
+				KeyRef ref = acquire_key(*rq_seg, s.lkey);
+				if (!ref || ref->pdn != t.desc->pdn ||
+				    !ref.permits(s.addr, n, IBV_ACCESS_LOCAL_WRITE)) {
+					rc.wc.status = IBV_WC_LOC_PROT_ERR;
+					sender = IBV_WC_REM_OP_ERR;
+					break;
+				}
+				/* The GRH part is left as is (no global route). */
+				uint64_t from = pos < skip ? 0 : pos - skip;
+				uint64_t grh = pos < skip ? std::min(n, skip - pos) : 0;
+				if (n > grh) {
+					struct iovec v = {data.data() + from, size_t(n - grh)};
+					if (remote_memory_for(*rq_seg, *ref).write(
+						    *rq_seg, *ref, ref.address_of(s.addr + grh), &v, 1)) {
+						rc.wc.status = IBV_WC_LOC_PROT_ERR;
+						sender = IBV_WC_REM_OP_ERR;
+						break;
+					}
+				}
+				pos += n;
+			}
+		}
+		uint32_t cap;
+		if (shm::CqRing *ring = peer_cq(peer, t.desc->recv_cq_off, cap))
+			cq_ring_produce(*ring, cap, rc,
+					t.desc->recv_cq_has_channel
+						? fetch_channel_fd(device_, broker::ObjectKind::Qp, target_qpn)
+						: -1);
+		if (rc.wc.status != IBV_WC_SUCCESS) {
+			responder_error(shm::remote_error_fatal);
+			if (reliable)
+				return fail(sender);
+		}
+		wc.status = IBV_WC_SUCCESS;
+		return Outcome::Done;
+	}
+
+rnr:
+	/* Receiver not ready: retry after the responder's RNR timer, rnr_retry
+	 * times (7: forever). */
+	if (wr.rnr_left < 0)
+		wr.rnr_left = attr_.rnr_retry;
+	if (attr_.rnr_retry != 7) {
+		if (wr.rnr_left == 0)
+			return fail(IBV_WC_RNR_RETRY_EXC_ERR);
+		wr.rnr_left--;
+	}
+	wr.not_before = Clock::now() +
+		scaled_us(rnr_timer_us[t.desc->min_rnr_timer.load() & 31]);
+	return Outcome::Wait;
+}
+
+/* ---- Entry points ---- */
+
+void attach_data_path(Qp &qp)
+{
+	auto engine = std::make_unique<QpEngine>(qp);
+	if (int err = engine->publish())
+		log_debug("QP %u not published (%d): reachable by no peer", qp.core->qp_num, err);
+	set_qp_data_path(qp, std::move(engine));
+}
+
+int post_send(Qp &qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+	auto *e = static_cast<QpEngine *>(qp.core->data_path.get());
+	if (!e) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	return e->post_send(wr, bad_wr);
+}
+
+int post_recv(Qp &qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	auto *e = static_cast<QpEngine *>(qp.core->data_path.get());
+	if (!e) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	return e->post_recv(wr, bad_wr);
+}
+
+} // namespace shmverbs

@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The send/receive engine of a QP (the QpDataPath of lib/qp.h).
+ *
+ * The initiator does all the work (passive target): ibv_post_send appends the
+ * WRs to this QP's software send queue (private memory) and executes them at
+ * once, in order, in the calling thread: a SEND consumes a receive WQE from
+ * the target's RQ ring in the target's segment, places the payload in the
+ * target's buffer (lib/remote_memory.h), appends the receive completion to
+ * the target's CQ ring and kicks its channel; then the send completion is
+ * written. A WR that cannot proceed (RNR, dead peer waiting for its
+ * timeout) stays at the head of the queue; the per-process progress thread
+ * retries it on its timer. Everything behind it waits: RC is in order.
+ *
+ * The QP's own receive queue is a ring in this process's segment (owner
+ * produces in post_recv, senders consume); its descriptor (shm::QpDesc) is
+ * published with the broker under the QP number.
+ *
+ * Locking: `sq_lock_` guards the send queue and the attribute snapshot.
+ * The control path calls the QpDataPath hooks with the QP's core lock held
+ * and they take sq_lock_: the order is core lock -> sq_lock_. The engine
+ * never calls into the control path (qp_async_error, events) with sq_lock_
+ * held.
+ */
+#pragma once
+
+#include "cq.h"
+#include "qp.h"
+#include "segment.h"
+#include "shm_layout.h"
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+namespace shmverbs {
+
+struct SendWr {
+	enum ibv_wr_opcode opcode;
+	uint64_t wr_id;
+	unsigned int send_flags;
+	uint32_t imm_data; /* network order */
+	std::vector<struct ibv_sge> sge;
+	std::vector<char> inline_data;
+	uint64_t remote_addr = 0;
+	uint32_t rkey = 0;
+	uint64_t compare_add = 0;
+	uint64_t swap = 0;
+	uint32_t remote_qpn = 0; /* UD */
+	uint32_t remote_qkey = 0;
+	uint32_t xrc_srqn = 0;
+	/* Retry state of the WR at the head of the queue. */
+	int rnr_left = -1;  /* -1: not started */
+	std::chrono::steady_clock::time_point not_before{};
+	std::chrono::steady_clock::time_point give_up{}; /* dead peer: RETRY_EXC_ERR then */
+	bool peer_dead = false;
+};
+
+class QpEngine final : public QpDataPath {
+public:
+	explicit QpEngine(Qp &qp);
+	~QpEngine() override;
+
+	/* QpDataPath (called with the core lock held). */
+	void flush() override;
+	void reset() override;
+	void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) override;
+
+	int post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+	int post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+
+	/* Executes what can be executed. Returns true when WRs remain queued
+	 * (the progress thread comes back). Any thread. */
+	bool progress();
+	/* The owner's side of errors senders recorded in our descriptor. */
+	void check_remote_errors();
+
+	/* Publishes the descriptor; 0 or the broker's errno. */
+	int publish();
+	/* Marks the descriptor dead and waits (bounded) until no sender is
+	 * inside an operation on this QP. */
+	void quiesce();
+
+	Qp &qp() { return qp_; }
+
+private:
+	enum class Outcome { Done, Wait, Fatal };
+	Outcome execute(SendWr &wr, struct ibv_wc &wc);
+	void complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc);
+	void flush_locked();
+	void snapshot_attr();
+
+	Qp &qp_;
+	Segment &seg_;
+	uint32_t device_;
+	uint32_t qpn_;
+	enum ibv_qp_type type_;
+	uint32_t pdn_;
+	Cq *send_cq_;
+	Cq *recv_cq_;
+
+	uint64_t desc_off_ = 0;
+	shm::QpDesc *desc_ = nullptr;
+	uint64_t rq_off_ = 0, rq_bytes_ = 0;
+	shm::RecvQueue *rq_ = nullptr;
+	uint32_t rq_entries_ = 0, rq_max_sge_ = 0, rq_stride_ = 0;
+	bool published_ = false;
+
+	std::mutex sq_lock_;
+	std::deque<SendWr> sq_;
+	std::atomic<int> state_{IBV_QPS_RESET};
+	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
+	std::mutex rq_lock_;        /* posting to our RQ */
+};
+
+/* Installs the engine on a freshly created QP (from create_qp). */
+void attach_data_path(Qp &qp);
+
+/* The entry points behind ibv_post_send/ibv_post_recv. */
+int post_send(Qp &qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+int post_recv(Qp &qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+
+/* Progress thread (lib/progress.cpp): keeps the engines moving. */
+void progress_register(QpEngine *e);
+void progress_unregister(QpEngine *e);
+void progress_kick();
+
+} // namespace shmverbs

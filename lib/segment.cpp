@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: MIT */
+#include "segment.h"
+
+#include "log.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
+
+namespace shmverbs {
+
+namespace {
+
+constexpr uint64_t align64(uint64_t v) { return (v + 63) & ~uint64_t(63); }
+
+std::mutex segments_lock;
+Segment *segments[64];
+
+/* Peer cache: mapped segments by (pid, handle); objects by (dev, kind, id). */
+std::mutex peers_lock;
+std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerSegment>> peer_segments;
+std::map<std::tuple<uint32_t, uint8_t, uint32_t>, PeerObject> peer_objects;
+std::map<std::tuple<uint32_t, uint8_t, uint32_t>, int> channel_fds;
+bool handler_installed = false;
+
+void on_broker_event(const BrokerEvent &e)
+{
+	if (e.type != BrokerEvent::Type::PeerGone)
+		return;
+	std::lock_guard guard(peers_lock);
+	for (auto &[key, seg] : peer_segments)
+		if (seg->pid == e.pid)
+			seg->gone.store(true, std::memory_order_release);
+	/* Numbers of the departed process may be reused: forget them. */
+	for (auto it = peer_objects.begin(); it != peer_objects.end();)
+		it = it->second.seg->pid == e.pid ? peer_objects.erase(it) : std::next(it);
+}
+
+void install_handler_locked()
+{
+	if (handler_installed)
+		return;
+	handler_installed = true;
+	BrokerClient::instance().set_event_handler(on_broker_event);
+}
+
+} // namespace
+
+double time_scale()
+{
+	static const double scale = [] {
+		const char *s = std::getenv("SHMVERBS_TIME_SCALE");
+		double v = s ? std::strtod(s, nullptr) : 1.0;
+		return v > 0 ? v : 1.0;
+	}();
+	return scale;
+}
+
+/* ---- Own segment ---- */
+
+Segment::Segment(uint32_t device, int fd, char *base, uint64_t size)
+	: device_(device), fd_(fd), base_(base), size_(size)
+{
+	next_ = align64(sizeof(shm::SegmentHeader));
+}
+
+Segment &Segment::of(uint32_t device_index)
+{
+	std::lock_guard guard(segments_lock);
+	Segment *&s = segments[device_index % 64];
+	if (s)
+		return *s;
+	char name[32];
+	std::snprintf(name, sizeof(name), "shmverbs-seg-%u", device_index);
+	int fd = memfd_create(name, MFD_CLOEXEC);
+	uint64_t size = default_size;
+	void *base = MAP_FAILED;
+	if (fd >= 0 && ftruncate(fd, off_t(size)) == 0)
+		base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+	if (base == MAP_FAILED) {
+		log_error("cannot create the shared segment: %s", std::strerror(errno));
+		std::abort();
+	}
+	auto *hdr = static_cast<shm::SegmentHeader *>(base);
+	hdr->magic = shm::segment_magic;
+	hdr->version = shm::shm_version;
+	hdr->size = size;
+	hdr->owner_pid = int32_t(getpid());
+	hdr->device = device_index;
+	/* Never freed (peers and our own threads may use it until exit). */
+	s = new Segment(device_index, fd, static_cast<char *>(base), size);
+	return *s;
+}
+
+uint64_t Segment::alloc(uint64_t bytes)
+{
+	bytes = align64(bytes ? bytes : 1);
+	std::lock_guard guard(lock_);
+	auto it = free_.find(bytes);
+	if (it != free_.end() && !it->second.empty()) {
+		uint64_t off = it->second.back();
+		it->second.pop_back();
+		std::memset(base_ + off, 0, bytes);
+		return off;
+	}
+	if (next_ + bytes > size_)
+		return 0;
+	uint64_t off = next_;
+	next_ += bytes;
+	return off; /* fresh memfd pages read as zero */
+}
+
+void Segment::free(uint64_t off, uint64_t bytes)
+{
+	if (!off)
+		return;
+	bytes = align64(bytes ? bytes : 1);
+	std::lock_guard guard(lock_);
+	free_[bytes].push_back(off);
+}
+
+int Segment::ensure_registered_locked(uint64_t *handle)
+{
+	BrokerClient &b = BrokerClient::instance();
+	{
+		std::lock_guard pg(peers_lock);
+		install_handler_locked();
+	}
+	if (int err = b.connect())
+		return err;
+	uint64_t gen = b.generation();
+	if (broker_handle_ && gen == broker_generation_) {
+		*handle = broker_handle_;
+		return 0;
+	}
+	uint64_t h = 0;
+	if (int err = b.register_segment(fd_, &h))
+		return err;
+	bool again = broker_handle_ != 0;
+	broker_handle_ = h;
+	broker_generation_ = gen;
+	if (again) {
+		/* A new broker: what we published is gone; say it again. */
+		for (const Published &p : published_) {
+			b.publish({device_, p.kind, p.id}, h, p.off);
+			for (uint32_t slot = 0; slot < broker::fd_slots; slot++)
+				if (p.fds[slot] >= 0)
+					b.attach_fd({device_, p.kind, p.id}, slot, p.fds[slot]);
+		}
+	}
+	*handle = h;
+	return 0;
+}
+
+int Segment::publish(broker::ObjectKind kind, uint32_t id, uint64_t off)
+{
+	std::lock_guard guard(lock_);
+	uint64_t h;
+	if (int err = ensure_registered_locked(&h))
+		return err;
+	if (int err = BrokerClient::instance().publish({device_, kind, id}, h, off))
+		return err;
+	Published p{kind, id, off, {-1, -1, -1, -1}};
+	published_.push_back(p);
+	return 0;
+}
+
+void Segment::withdraw(broker::ObjectKind kind, uint32_t id)
+{
+	std::lock_guard guard(lock_);
+	for (auto it = published_.begin(); it != published_.end(); ++it) {
+		if (it->kind == kind && it->id == id) {
+			published_.erase(it);
+			break;
+		}
+	}
+}
+
+int Segment::attach_fd(broker::ObjectKind kind, uint32_t id, uint32_t slot, int fd)
+{
+	std::lock_guard guard(lock_);
+	if (int err = BrokerClient::instance().attach_fd({device_, kind, id}, slot, fd))
+		return err;
+	for (Published &p : published_)
+		if (p.kind == kind && p.id == id && slot < broker::fd_slots)
+			p.fds[slot] = fd; /* the fd outlives the object's publication */
+	return 0;
+}
+
+int Segment::lock_fd()
+{
+	std::lock_guard guard(lock_);
+	if (lock_fd_ < 0) {
+		char path[64];
+		std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd_);
+		lock_fd_ = ::open(path, O_RDWR | O_CLOEXEC);
+	}
+	return lock_fd_;
+}
+
+/* ---- Peers ---- */
+
+bool PeerSegment::alive() const
+{
+	if (local)
+		return true;
+	if (gone.load(std::memory_order_acquire))
+		return false;
+	return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerObject &out,
+		   bool refresh)
+{
+	auto key = std::make_tuple(device, uint8_t(kind), id);
+	{
+		std::lock_guard guard(peers_lock);
+		install_handler_locked();
+		auto it = peer_objects.find(key);
+		if (it != peer_objects.end()) {
+			if (!refresh && !it->second.seg->gone.load(std::memory_order_acquire)) {
+				out = it->second;
+				return 0;
+			}
+			peer_objects.erase(it);
+		}
+	}
+	ResolvedObject r;
+	if (int err = BrokerClient::instance().resolve({device, kind, id}, &r))
+		return err;
+
+	std::lock_guard guard(peers_lock);
+	auto &seg = peer_segments[{r.owner_pid, r.segment}];
+	if (!seg || seg->gone.load()) {
+		auto s = std::make_shared<PeerSegment>();
+		s->pid = r.owner_pid;
+		s->handle = r.segment;
+		s->size = r.size;
+		if (r.owner_pid == getpid()) {
+			/* Our own segment: use the mapping we have. */
+			Segment &own = Segment::of(device);
+			s->base = own.at<char>(0);
+			s->local = true;
+			s->fd = own.fd();
+			s->lock_fd = own.lock_fd();
+			::close(r.fd);
+		} else {
+			void *base = mmap(nullptr, r.size, PROT_READ | PROT_WRITE,
+					  MAP_SHARED | MAP_NORESERVE, r.fd, 0);
+			if (base == MAP_FAILED) {
+				int err = errno;
+				::close(r.fd);
+				return err;
+			}
+			auto *hdr = static_cast<shm::SegmentHeader *>(base);
+			if (r.size < sizeof(shm::SegmentHeader) || hdr->magic != shm::segment_magic ||
+			    hdr->version != shm::shm_version) {
+				munmap(base, r.size);
+				::close(r.fd);
+				return EPROTO;
+			}
+			s->base = static_cast<char *>(base);
+			s->fd = r.fd;
+			char path[64];
+			std::snprintf(path, sizeof(path), "/proc/self/fd/%d", r.fd);
+			s->lock_fd = ::open(path, O_RDWR | O_CLOEXEC);
+		}
+		/* A replaced (gone) mapping stays mapped: threads may hold it. */
+		seg = s;
+	} else {
+		::close(r.fd);
+	}
+	if (r.offset >= seg->size)
+		return EPROTO;
+	out.seg = seg;
+	out.off = r.offset;
+	peer_objects[key] = out;
+	return 0;
+}
+
+void forget_object(uint32_t device, broker::ObjectKind kind, uint32_t id)
+{
+	std::lock_guard guard(peers_lock);
+	peer_objects.erase(std::make_tuple(device, uint8_t(kind), id));
+	auto it = channel_fds.find(std::make_tuple(device, uint8_t(kind), id));
+	if (it != channel_fds.end()) {
+		if (it->second >= 0)
+			::close(it->second);
+		channel_fds.erase(it);
+	}
+}
+
+int fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id)
+{
+	auto key = std::make_tuple(device, uint8_t(kind), id);
+	{
+		std::lock_guard guard(peers_lock);
+		auto it = channel_fds.find(key);
+		if (it != channel_fds.end())
+			return it->second;
+	}
+	int fd = -1;
+	if (BrokerClient::instance().fetch_fd({device, kind, id}, 0, &fd) != 0)
+		fd = -1;
+	std::lock_guard guard(peers_lock);
+	auto [it, inserted] = channel_fds.emplace(key, fd);
+	if (!inserted && fd >= 0)
+		::close(fd);
+	return it->second;
+}
+
+} // namespace shmverbs

@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Every structure that lives in shared memory, in one place.
+ *
+ * Rules for everything here:
+ *  - fixed-width types only, offsets (from the start of the owner's segment)
+ *    never pointers, no locks: a peer may die at any instruction;
+ *  - atomics are std::atomic of 32/64-bit integers, which are lock-free and
+ *    address-free on every platform we build for (static_asserts below);
+ *  - the owner writes the geometry (capacities, offsets) once before it
+ *    publishes the object; a reader copies it into local variables at attach
+ *    and bounds-checks it against the mapping it has, so a buggy or
+ *    malicious peer can make an operation fail but never make us touch
+ *    memory outside a segment;
+ *  - `shm_version` changes with any layout change; a segment of another
+ *    version is refused (EPROTO).
+ */
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace shmverbs::shm {
+
+constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
+constexpr uint32_t shm_version = 1;
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+/* Number of KeyTable chunks whose offsets the header records (mr.h: 2^24
+ * indices in chunks of 2^12 slots). */
+constexpr uint32_t key_chunk_count = 4096;
+
+/*
+ * The start of every segment. One segment per (process, device); its memfd
+ * is registered with the broker and every published object names an offset
+ * in it.
+ */
+struct SegmentHeader {
+	uint32_t magic;
+	uint32_t version;
+	uint64_t size;       /* bytes mapped by the owner */
+	int32_t owner_pid;
+	uint32_t device;
+	/* The device's key table (lib/mr.h KeySlot arrays), chunk by chunk:
+	 * 0 = chunk not allocated. Written once per chunk, release. */
+	std::atomic<uint64_t> key_chunks[key_chunk_count];
+};
+static_assert(std::is_standard_layout_v<SegmentHeader>);
+
+/* ---- Queue pair descriptor: what a sender needs to know about a target ---- */
+
+constexpr uint32_t qp_magic = 0x51505154; /* "TQPQ" */
+
+struct QpDesc {
+	uint32_t magic;
+	uint32_t qpn;
+	uint32_t type;       /* enum ibv_qp_type */
+	std::atomic<uint32_t> state; /* enum ibv_qp_state, written by the owner */
+	/* Set (1) once the owner destroys the QP; senders then fail. */
+	std::atomic<uint32_t> dead;
+	uint32_t pdn;
+	std::atomic<uint32_t> qkey;
+	std::atomic<uint32_t> dest_qpn;     /* RC/UC: the connected peer */
+	std::atomic<uint32_t> min_rnr_timer; /* responder's RNR NAK timer code */
+	std::atomic<uint32_t> path_mtu;      /* enum ibv_mtu */
+	std::atomic<uint32_t> port;
+	uint32_t srqn;       /* an SRQ this QP receives from (0: its own RQ) */
+	uint64_t rq_off;     /* RecvQueue, 0 when the QP has none */
+	uint64_t recv_cq_off; /* CqRing of the receive completions, 0: none */
+	/* Receive completions whose CQ has a channel: the owner attached the
+	 * channel's eventfd to this QP's broker object, slot 0. */
+	uint32_t recv_cq_has_channel;
+	uint32_t reserved;
+	/* Remote operations in progress on this QP by any process: destroy
+	 * waits (bounded) for it to drop to 0 after setting `dead`. */
+	std::atomic<uint32_t> inflight;
+	/* An error a sender found on this responder (RemoteError): the owner
+	 * moves the QP to ERR and raises the event when it sees it. */
+	std::atomic<uint32_t> remote_error;
+};
+static_assert(std::is_standard_layout_v<QpDesc>);
+
+enum RemoteError : uint32_t {
+	remote_error_none = 0,
+	remote_error_access = 1, /* IBV_EVENT_QP_ACCESS_ERR, QP -> ERR */
+	remote_error_fatal = 2,  /* a local error on a receive: QP -> ERR */
+};
+
+/* ---- Receive queues (a QP's RQ or an SRQ) ---- */
+
+struct RecvSge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+static_assert(sizeof(RecvSge) == 16);
+
+struct RecvWqe {
+	uint64_t wr_id;
+	uint32_t num_sge;
+	uint32_t reserved;
+	/* followed by max_sge RecvSge */
+};
+static_assert(sizeof(RecvWqe) == 16);
+
+constexpr uint32_t rq_magic = 0x51525152; /* "RQRQ" */
+
+/*
+ * A ring of receive WQEs. The owner is the only producer (tail); senders
+ * consume (head), by CAS so that several may (SRQ, UD, XRC). A consumer
+ * copies the WQE at `head` and only then CASes head forward: the producer
+ * never rewrites a slot until head has passed it, so a copy taken before a
+ * successful CAS is intact.
+ *   producer: write slot tail; tail.store(tail+1, release)
+ *   consumer: t = tail.load(acquire); copy slot head; head CAS (acq_rel)
+ */
+struct RecvQueue {
+	uint32_t magic;
+	uint32_t entries;  /* power of two */
+	uint32_t max_sge;
+	uint32_t stride;   /* bytes per slot: sizeof(RecvWqe) + 16 * max_sge */
+	uint32_t cq_off_unused;
+	uint32_t srqn;     /* SRQs: their number; 0 for a QP's RQ */
+	uint64_t cq_off;   /* XRC SRQs: the CqRing of their completions */
+	uint32_t cq_has_channel;
+	uint32_t reserved;
+	std::atomic<uint64_t> head;
+	std::atomic<uint64_t> tail;
+	/* slots follow, 64-byte aligned */
+};
+static_assert(sizeof(RecvQueue) == 56);
+constexpr uint64_t rq_slots_offset = 64;
+
+/* ---- Completion queue ring ---- */
+
+/*
+ * One completion as it travels through shared memory: the ibv_wc fields
+ * with fixed widths plus what the ibv_cq_ex readers can report.
+ */
+struct CqEntry {
+	/* Slot state:
+	 *   0                  free
+	 *   claimed | pid      a producer owns it and is filling it
+	 *   ready  | seq low   published, for the consumer at index seq
+	 * The producer publishes with a release store; the consumer reads it
+	 * acquire and frees the slot (release) after copying. */
+	std::atomic<uint64_t> state;
+	uint64_t wr_id;
+	uint64_t timestamp_ns;
+	uint32_t status;
+	uint32_t opcode;
+	uint32_t vendor_err;
+	uint32_t byte_len;
+	uint32_t imm_data; /* network order, as in ibv_wc */
+	uint32_t qp_num;
+	uint32_t src_qp;
+	uint32_t wc_flags;
+	uint16_t pkey_index;
+	uint16_t slid;
+	uint8_t sl;
+	uint8_t dlid_path_bits;
+	uint8_t solicited;
+	uint8_t reserved[5];
+};
+static_assert(sizeof(CqEntry) == 72);
+
+constexpr uint64_t cq_slot_free = 0;
+constexpr uint64_t cq_slot_claimed = 1ull << 62;
+constexpr uint64_t cq_slot_ready = 1ull << 63;
+
+constexpr uint32_t cq_magic = 0x51435143; /* "CQCQ" */
+
+enum CqArmWord : uint32_t { cq_arm_none = 0, cq_arm_solicited = 1, cq_arm_next = 2 };
+
+/*
+ * A CQ's ring: multi-producer (the owner's own send completions and any
+ * process's receive completions), single consumer (the owner, under its
+ * in-process CQ lock).
+ *   producer: p = prod; if p - cons >= limit: overrun; CAS prod p -> p+1;
+ *             slot[p].state = claimed|pid; fill; state = ready|p (release)
+ *   consumer: slot[cons].state (acquire) == ready|cons: copy; state = 0;
+ *             cons = cons + 1 (release)
+ * A slot claimed by a pid that no longer exists is skipped by the consumer.
+ * Arming is a word here so that a producer in any process can disarm and
+ * fire: it CASes `arm` to none and, if it won, bumps `fired` and then writes
+ * one token to the channel's eventfd. The owner's channel code takes one
+ * event per token (`fired` counts them per CQ).
+ */
+struct CqRing {
+	uint32_t magic;
+	uint32_t capacity; /* slots, a power of two */
+	std::atomic<uint32_t> limit;  /* cqe: completions held at most */
+	std::atomic<uint32_t> overrun; /* 1 once the CQ overflowed */
+	std::atomic<uint32_t> ignore_overrun;
+	std::atomic<uint32_t> arm;     /* CqArmWord */
+	std::atomic<uint64_t> fired;   /* completion events raised */
+	std::atomic<uint64_t> prod;
+	std::atomic<uint64_t> cons;
+	/* Published solicited-or-unsuccessful completions not yet polled. */
+	std::atomic<uint64_t> solicited_published;
+	std::atomic<uint64_t> solicited_polled;
+	uint64_t reserved;
+	/* slots follow at cq_slots_offset */
+};
+static_assert(sizeof(CqRing) <= 128);
+constexpr uint64_t cq_slots_offset = 128;
+
+static_assert(std::is_standard_layout_v<CqRing> && std::is_standard_layout_v<CqEntry> &&
+	      std::is_standard_layout_v<RecvQueue> && std::is_standard_layout_v<QpDesc>);
+
+} // namespace shmverbs::shm

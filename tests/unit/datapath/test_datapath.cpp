@@ -1,0 +1,575 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The data path with real processes: the test binary re-executes itself as
+ * the target ("--target"), which talks to the test over its stdin/stdout
+ * pipes and otherwise sits in read() (a passive target). Every wait is
+ * bounded.
+ */
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+
+#include <infiniband/verbs.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr size_t buf_size = 4096;
+
+/* The target process has no Catch2 session: it exits on a failed need. */
+bool in_target = false;
+#define NEED(c)                                 \
+	do {                                    \
+		if (in_target) {                \
+			if (!(c))               \
+				_exit(10);      \
+		} else {                        \
+			REQUIRE(c);             \
+		}                               \
+	} while (0)
+
+struct Node {
+	struct ibv_context *ctx = nullptr;
+	struct ibv_pd *pd = nullptr;
+	struct ibv_comp_channel *ch = nullptr;
+	struct ibv_cq *cq = nullptr;
+	struct ibv_qp *qp = nullptr;
+	struct ibv_mr *mr = nullptr;
+	std::vector<char> buf = std::vector<char>(buf_size);
+	uint16_t lid = 0;
+
+	explicit Node(bool with_channel = false)
+	{
+		int n = 0;
+		struct ibv_device **list = ibv_get_device_list(&n);
+		NEED((list && n > 0));
+		ctx = ibv_open_device(list[0]);
+		ibv_free_device_list(list);
+		NEED(ctx);
+		pd = ibv_alloc_pd(ctx);
+		if (with_channel)
+			ch = ibv_create_comp_channel(ctx);
+		cq = ibv_create_cq(ctx, 64, nullptr, ch, 0);
+		NEED(cq);
+		struct ibv_qp_init_attr a{};
+		a.send_cq = cq;
+		a.recv_cq = cq;
+		a.qp_type = IBV_QPT_RC;
+		a.cap.max_send_wr = 32;
+		a.cap.max_recv_wr = 32;
+		a.cap.max_send_sge = 2;
+		a.cap.max_recv_sge = 2;
+		a.cap.max_inline_data = 64;
+		qp = ibv_create_qp(pd, &a);
+		NEED(qp);
+		mr = ibv_reg_mr(pd, buf.data(), buf.size(),
+				IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+		NEED(mr);
+		struct ibv_port_attr pa{};
+		NEED(ibv_query_port(ctx, 1, &pa) == 0);
+		lid = pa.lid;
+	}
+
+	int connect(uint32_t dest, int rnr_retry = 7, int min_rnr_timer = 1)
+	{
+		struct ibv_qp_attr a{};
+		a.qp_state = IBV_QPS_INIT;
+		a.port_num = 1;
+		a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				    IBV_ACCESS_REMOTE_ATOMIC;
+		if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+							  IBV_QP_ACCESS_FLAGS))
+			return e;
+		a = {};
+		a.qp_state = IBV_QPS_RTR;
+		a.path_mtu = IBV_MTU_1024;
+		a.dest_qp_num = dest;
+		a.max_dest_rd_atomic = 1;
+		a.min_rnr_timer = uint8_t(min_rnr_timer);
+		a.ah_attr.dlid = lid;
+		a.ah_attr.port_num = 1;
+		if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+							  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+							  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+			return e;
+		a = {};
+		a.qp_state = IBV_QPS_RTS;
+		a.timeout = 10; /* 4 ms */
+		a.retry_cnt = 3;
+		a.rnr_retry = uint8_t(rnr_retry);
+		a.max_rd_atomic = 1;
+		return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+						     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+						     IBV_QP_MAX_QP_RD_ATOMIC);
+	}
+
+	int post_recv(uint64_t wr_id, uint32_t off, uint32_t len)
+	{
+		struct ibv_sge s = {uint64_t(uintptr_t(buf.data() + off)), len, mr->lkey};
+		struct ibv_recv_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.sg_list = &s;
+		wr.num_sge = 1;
+		return ibv_post_recv(qp, &wr, &bad);
+	}
+
+	/* Waits (bounded) for one completion. */
+	bool wait_wc(struct ibv_wc &wc, int ms = 3000)
+	{
+		auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+		while (std::chrono::steady_clock::now() < end) {
+			int n = ibv_poll_cq(cq, 1, &wc);
+			if (n == 1)
+				return true;
+			if (n < 0)
+				return false;
+			std::this_thread::sleep_for(std::chrono::microseconds(100));
+		}
+		return false;
+	}
+
+	~Node()
+	{
+		if (qp)
+			ibv_destroy_qp(qp);
+		if (mr)
+			ibv_dereg_mr(mr);
+		if (cq)
+			ibv_destroy_cq(cq);
+		if (ch)
+			ibv_destroy_comp_channel(ch);
+		if (pd)
+			ibv_dealloc_pd(pd);
+		if (ctx)
+			ibv_close_device(ctx);
+	}
+};
+
+/* ---- The target process ---- */
+
+bool read_line(FILE *f, std::string &line)
+{
+	char b[256];
+	if (!fgets(b, sizeof(b), f))
+		return false;
+	line = b;
+	return true;
+}
+
+/*
+ * Protocol (lines): target prints "qpn rkey addr"; the test sends
+ * "connect <qpn> <post_recvs>"; target prints "ready" and then blocks in
+ * read(); the test sends "check"; target polls its CQ and prints its
+ * receive completions ("wc <status> <byte_len> <imm>") and the first 16 bytes
+ * of its buffer, then "done".
+ */
+int target_main()
+{
+	in_target = true;
+	setvbuf(stdout, nullptr, _IOLBF, 0);
+	Node n(true);
+	std::memset(n.buf.data(), 0, buf_size);
+	*reinterpret_cast<uint64_t *>(n.buf.data() + 1024) = 100; /* atomics target */
+	std::memcpy(n.buf.data() + 2048, "read-me-please!", 16);
+	std::printf("%u %u %llu\n", n.qp->qp_num, n.mr->rkey,
+		    (unsigned long long)uintptr_t(n.buf.data()));
+	std::string line;
+	if (!read_line(stdin, line))
+		return 1;
+	unsigned qpn = 0, recvs = 0;
+	if (std::sscanf(line.c_str(), "connect %u %u", &qpn, &recvs) != 2)
+		return 2;
+	if (n.connect(qpn))
+		return 3;
+	for (unsigned i = 0; i < recvs; i++)
+		if (n.post_recv(100 + i, 3072, 512))
+			return 4;
+	std::printf("ready\n");
+	/* Passive: blocked in read() while the initiator works. */
+	if (!read_line(stdin, line))
+		return 0;
+	if (line == "post\n") {
+		/* A late receive (the initiator waits in RNR meanwhile). */
+		if (n.post_recv(200, 3072, 512))
+			return 5;
+		std::printf("posted\n");
+		if (!read_line(stdin, line))
+			return 0;
+	}
+	if (line == "arm\n") {
+		/* Sleep on the completion channel until a peer's SEND. */
+		if (ibv_req_notify_cq(n.cq, 0))
+			return 6;
+		std::printf("armed\n");
+		struct pollfd p = {n.ch->fd, POLLIN, 0};
+		if (poll(&p, 1, 3000) != 1)
+			return 7;
+		struct ibv_cq *cq;
+		void *cq_ctx;
+		if (ibv_get_cq_event(n.ch, &cq, &cq_ctx) || cq != n.cq)
+			return 8;
+		ibv_ack_cq_events(cq, 1);
+		std::printf("event\n");
+		if (!read_line(stdin, line))
+			return 0;
+	}
+	struct ibv_wc wc;
+	while (ibv_poll_cq(n.cq, 1, &wc) == 1)
+		std::printf("wc %d %u %u %llu\n", wc.status, wc.byte_len, ntohl(wc.imm_data),
+			    (unsigned long long)wc.wr_id);
+	std::printf("data %.16s|%.16s|%llu\n", n.buf.data(), n.buf.data() + 3072,
+		    (unsigned long long)*reinterpret_cast<uint64_t *>(n.buf.data() + 1024));
+	std::printf("done\n");
+	return 0;
+}
+
+struct TargetProc {
+	pid_t pid = -1;
+	FILE *to = nullptr, *from = nullptr;
+	uint32_t qpn = 0, rkey = 0;
+	uint64_t addr = 0;
+
+	TargetProc()
+	{
+		int in[2], out[2];
+		REQUIRE(pipe(in) == 0);
+		REQUIRE(pipe(out) == 0);
+		pid = fork();
+		REQUIRE(pid >= 0);
+		if (pid == 0) {
+			dup2(in[0], 0);
+			dup2(out[1], 1);
+			close(in[1]);
+			close(out[0]);
+			execl("/proc/self/exe", "unit-datapath", "--target", nullptr);
+			_exit(127);
+		}
+		close(in[0]);
+		close(out[1]);
+		to = fdopen(in[1], "w");
+		from = fdopen(out[0], "r");
+		setvbuf(to, nullptr, _IOLBF, 0);
+		std::string l = line();
+		unsigned long long a = 0;
+		REQUIRE(std::sscanf(l.c_str(), "%u %u %llu", &qpn, &rkey, &a) == 3);
+		addr = a;
+	}
+	std::string line(int ms = 5000)
+	{
+		struct pollfd p = {fileno(from), POLLIN, 0};
+		if (poll(&p, 1, ms) != 1)
+			return "timeout";
+		std::string l;
+		return read_line(from, l) ? l : "eof";
+	}
+	void send(const std::string &s) { std::fprintf(to, "%s\n", s.c_str()); }
+	~TargetProc()
+	{
+		if (pid > 0) {
+			kill(pid, SIGKILL);
+			waitpid(pid, nullptr, 0);
+		}
+		if (to)
+			fclose(to);
+		if (from)
+			fclose(from);
+	}
+};
+
+int post(Node &n, enum ibv_wr_opcode op, uint32_t off, uint32_t len, uint64_t raddr, uint32_t rkey,
+	 uint64_t wr_id, uint64_t cmp = 0, uint64_t swp = 0, unsigned flags = IBV_SEND_SIGNALED)
+{
+	struct ibv_sge s = {uint64_t(uintptr_t(n.buf.data() + off)), len, n.mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = op;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.send_flags = flags;
+	wr.imm_data = htonl(77);
+	if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		wr.wr.atomic.remote_addr = raddr;
+		wr.wr.atomic.rkey = rkey;
+		wr.wr.atomic.compare_add = cmp;
+		wr.wr.atomic.swap = swp;
+	} else {
+		wr.wr.rdma.remote_addr = raddr;
+		wr.wr.rdma.rkey = rkey;
+	}
+	return ibv_post_send(n.qp, &wr, &bad);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && std::strcmp(argv[1], "--target") == 0)
+		return target_main();
+	return Catch::Session().run(argc, argv);
+}
+
+TEST_CASE("passive target: WRITE, READ, atomics and SEND complete while it sits in read()",
+	  "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 2");
+	REQUIRE(t.line() == "ready\n");
+
+	std::memcpy(n.buf.data(), "written-by-rdma", 16);
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1) == 0);
+	REQUIRE(post(n, IBV_WR_RDMA_READ, 512, 16, t.addr + 2048, t.rkey, 2) == 0);
+	REQUIRE(post(n, IBV_WR_ATOMIC_FETCH_AND_ADD, 64, 8, t.addr + 1024, t.rkey, 3, 5) == 0);
+	REQUIRE(post(n, IBV_WR_ATOMIC_CMP_AND_SWP, 72, 8, t.addr + 1024, t.rkey, 4, 105, 7) == 0);
+	std::memcpy(n.buf.data() + 128, "sent-by-a-send!", 16);
+	REQUIRE(post(n, IBV_WR_SEND_WITH_IMM, 128, 16, 0, 0, 5) == 0);
+
+	struct {
+		uint64_t wr_id;
+		enum ibv_wc_opcode opcode;
+	} const expect[] = {{1, IBV_WC_RDMA_WRITE}, {2, IBV_WC_RDMA_READ}, {3, IBV_WC_FETCH_ADD},
+			    {4, IBV_WC_COMP_SWAP}, {5, IBV_WC_SEND}};
+	for (auto e : expect) {
+		struct ibv_wc wc{};
+		REQUIRE(n.wait_wc(wc));
+		CAPTURE(e.wr_id);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.wr_id == e.wr_id);
+		CHECK(wc.opcode == e.opcode);
+	}
+	CHECK(std::memcmp(n.buf.data() + 512, "read-me-please!", 16) == 0);
+	CHECK(*reinterpret_cast<uint64_t *>(n.buf.data() + 64) == 100);
+	CHECK(*reinterpret_cast<uint64_t *>(n.buf.data() + 72) == 105);
+
+	/* Only now does the target look. */
+	t.send("check");
+	CHECK(t.line() == "wc 0 16 77 100\n");
+	CHECK(t.line() == "data written-by-rdma|sent-by-a-send!|7\n");
+	CHECK(t.line() == "done\n");
+}
+
+TEST_CASE("RC: a WRITE is visible before the receive completion of a later SEND",
+	  "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 1");
+	REQUIRE(t.line() == "ready\n");
+	std::memcpy(n.buf.data(), "first-the-write", 16);
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1, 0, 0, 0) == 0);
+	REQUIRE(post(n, IBV_WR_SEND, 128, 4, 0, 0, 2) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.wr_id == 2); /* the unsignaled WRITE has no completion */
+	t.send("check");
+	CHECK(t.line() == "wc 0 4 0 100\n");
+	CHECK(t.line().rfind("data first-the-write|", 0) == 0);
+}
+
+TEST_CASE("RNR: retries exhausted end in RNR_RETRY_EXC_ERR and the QP in ERR",
+	  "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn, 2) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	REQUIRE(post(n, IBV_WR_SEND, 0, 4, 0, 0, 9) == 0);
+	REQUIRE(post(n, IBV_WR_SEND, 0, 4, 0, 0, 10) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.wr_id == 9);
+	CHECK(wc.status == IBV_WC_RNR_RETRY_EXC_ERR);
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.wr_id == 10);
+	CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+	struct ibv_qp_attr a{};
+	struct ibv_qp_init_attr ia{};
+	REQUIRE(ibv_query_qp(n.qp, &a, IBV_QP_STATE, &ia) == 0);
+	CHECK(a.qp_state == IBV_QPS_ERR);
+}
+
+TEST_CASE("bad rkey: REM_ACCESS_ERR at the requester", "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey ^ 0x100, 1) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+}
+
+TEST_CASE("bad lkey: LOC_PROT_ERR", "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	struct ibv_sge s = {uint64_t(uintptr_t(n.buf.data())), 16, n.mr->lkey + 0x100};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 3;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.wr.rdma.remote_addr = t.addr;
+	wr.wr.rdma.rkey = t.rkey;
+	REQUIRE(ibv_post_send(n.qp, &wr, &bad) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+}
+
+TEST_CASE("a dead peer: RETRY_EXC_ERR after timeout x retry_cnt, nobody hangs",
+	  "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 4");
+	REQUIRE(t.line() == "ready\n");
+	kill(t.pid, SIGKILL);
+	waitpid(t.pid, nullptr, 0);
+	t.pid = -1;
+	REQUIRE(post(n, IBV_WR_SEND, 0, 4, 0, 0, 1) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
+}
+
+TEST_CASE("posting: a send before RTS fails with bad_wr set", "[datapath]")
+{
+	Node n;
+	struct ibv_sge s = {uint64_t(uintptr_t(n.buf.data())), 4, n.mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.opcode = IBV_WR_SEND;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	CHECK(ibv_post_send(n.qp, &wr, &bad) == EINVAL);
+	CHECK(bad == &wr);
+}
+
+TEST_CASE("loopback in one process with a completion channel and poll()", "[datapath]")
+{
+	Node a(true), b(true);
+	REQUIRE(a.connect(b.qp->qp_num) == 0);
+	REQUIRE(b.connect(a.qp->qp_num) == 0);
+	REQUIRE(b.post_recv(7, 0, 64) == 0);
+	REQUIRE(ibv_req_notify_cq(b.cq, 0) == 0);
+	std::memcpy(a.buf.data() + 100, "hello", 6);
+	REQUIRE(post(a, IBV_WR_SEND, 100, 6, 0, 0, 1, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_INLINE) == 0);
+	struct pollfd p = {b.ch->fd, POLLIN, 0};
+	REQUIRE(poll(&p, 1, 2000) == 1);
+	struct ibv_cq *ev_cq = nullptr;
+	void *ev_ctx = nullptr;
+	REQUIRE(ibv_get_cq_event(b.ch, &ev_cq, &ev_ctx) == 0);
+	CHECK(ev_cq == b.cq);
+	ibv_ack_cq_events(ev_cq, 1);
+	struct ibv_wc wc{};
+	REQUIRE(b.wait_wc(wc));
+	CHECK(wc.wr_id == 7);
+	CHECK(wc.byte_len == 6);
+	CHECK(wc.src_qp == a.qp->qp_num);
+	CHECK(std::strcmp(b.buf.data(), "hello") == 0);
+	REQUIRE(a.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	/* Flush: ERR completes posted receives with WR_FLUSH_ERR. */
+	REQUIRE(b.post_recv(8, 0, 64) == 0);
+	struct ibv_qp_attr at{};
+	at.qp_state = IBV_QPS_ERR;
+	REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
+	REQUIRE(b.wait_wc(wc));
+	CHECK(wc.wr_id == 8);
+	CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+}
+
+TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted, then succeeds",
+	  "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn, 7) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	REQUIRE(post(n, IBV_WR_SEND, 0, 4, 0, 0, 1) == 0);
+	struct ibv_wc wc{};
+	CHECK_FALSE(n.wait_wc(wc, 100)); /* retrying, not failing */
+	t.send("post");
+	REQUIRE(t.line() == "posted\n");
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	t.send("check");
+	CHECK(t.line() == "wc 0 4 0 200\n");
+}
+
+TEST_CASE("completion channel: a SEND wakes a peer sleeping in poll() on its channel",
+	  "[datapath][process]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 1");
+	REQUIRE(t.line() == "ready\n");
+	t.send("arm");
+	REQUIRE(t.line() == "armed\n");
+	REQUIRE(post(n, IBV_WR_SEND, 0, 8, 0, 0, 1) == 0);
+	CHECK(t.line() == "event\n");
+	t.send("check");
+	CHECK(t.line() == "wc 0 8 0 100\n");
+}
+
+TEST_CASE("several threads post and poll on one QP pair", "[datapath]")
+{
+	Node a, b;
+	REQUIRE(a.connect(b.qp->qp_num) == 0);
+	REQUIRE(b.connect(a.qp->qp_num) == 0);
+	constexpr int per_thread = 200;
+	std::atomic<int> received{0}, sent{0};
+	auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+	std::thread poster([&] {
+		for (int i = 0; i < per_thread; i++) {
+			while (b.post_recv(i, 0, 64) == ENOMEM)
+				std::this_thread::yield();
+			/* Keep the unpolled send completions within the CQ. */
+			while (i - sent.load() >= 32 && std::chrono::steady_clock::now() < end)
+				std::this_thread::yield();
+			while (post(a, IBV_WR_SEND, 0, 8, 0, 0, i) == ENOMEM)
+				std::this_thread::yield();
+		}
+	});
+	std::thread poller([&] {
+		struct ibv_wc wc;
+		while (received < per_thread && std::chrono::steady_clock::now() < end)
+			if (ibv_poll_cq(b.cq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS &&
+			    wc.opcode == IBV_WC_RECV)
+				received++;
+	});
+	struct ibv_wc wc;
+	while (sent < per_thread && std::chrono::steady_clock::now() < end)
+		if (ibv_poll_cq(a.cq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS)
+			sent++;
+	poster.join();
+	poller.join();
+	CHECK(received == per_thread);
+	CHECK(sent == per_thread);
+}
