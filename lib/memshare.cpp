@@ -507,6 +507,11 @@ int ensure_file(State &st)
 int switch_in(State &st, const std::vector<Piece> &pieces)
 {
 	uintptr_t s = pieces.front().start, e = pieces.back().end;
+	/* Pages never touched are not copied: they must read as zero, whatever
+	 * an earlier registration at these addresses left in the file. */
+	if (fallocate(st.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(s),
+		      static_cast<off_t>(e - s)) != 0)
+		return errno;
 	install_segv_handler();
 	sigset_t mask;
 	open_window(s, e, &mask);
