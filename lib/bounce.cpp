@@ -116,11 +116,11 @@ void BounceServer::run()
 			if (slot->phase.compare_exchange_strong(want, kPhaseBusy,
 								std::memory_order_acquire)) {
 				execute(slot);
+				served_.fetch_add(1, std::memory_order_relaxed);
 				/* release: the initiator reads status/result/data
-				 * after seeing kPhaseDone. */
+				 * (and served()) after seeing kPhaseDone. */
 				slot->phase.store(kPhaseDone, std::memory_order_release);
 				futex_wake(&slot->phase, 1);
-				served_.fetch_add(1, std::memory_order_relaxed);
 				any = true;
 			}
 		}
