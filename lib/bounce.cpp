@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: MIT */
+#include "bounce.h"
+#include "log.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace shmverbs::memshare {
+
+namespace {
+
+/* Shared (not PRIVATE) futexes: the words live in a file mapped by several
+ * processes. */
+void futex_wait(std::atomic<uint32_t> *w, uint32_t val, long ns)
+{
+	struct timespec ts = {ns / 1000000000, ns % 1000000000};
+	syscall(SYS_futex, reinterpret_cast<uint32_t *>(w), FUTEX_WAIT, val, &ts, nullptr, 0);
+}
+
+void futex_wake(std::atomic<uint32_t> *w, int n)
+{
+	syscall(SYS_futex, reinterpret_cast<uint32_t *>(w), FUTEX_WAKE, n, nullptr, nullptr, 0);
+}
+
+uint64_t now_ns()
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+bool process_gone(pid_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+constexpr long kPollNs = 20 * 1000 * 1000; /* re-check for death/stop this often */
+
+} // namespace
+
+/* ---- BounceServer ---- */
+
+Result<BounceServer> BounceServer::create(uint32_t nslots, uint32_t slot_size, Validate validate,
+					  void *ctx)
+{
+	if (nslots < 1 || nslots > 1024 || slot_size < 64 || slot_size > (1u << 20) ||
+	    slot_size % 64)
+		return Err{EINVAL};
+	size_t size = bounce_file_size(nslots, slot_size);
+	int fd = memfd_create("shmverbs-bounce", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return Err{errno};
+	void *p = MAP_FAILED;
+	if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+	    (p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		int err = errno;
+		close(fd);
+		return Err{err};
+	}
+	auto *s = new BounceServer;
+	s->fd_ = fd;
+	s->base_ = static_cast<char *>(p);
+	s->size_ = size;
+	s->nslots_ = nslots;
+	s->slot_size_ = slot_size;
+	s->validate_ = validate;
+	s->ctx_ = ctx;
+	auto *h = reinterpret_cast<BounceHeader *>(s->base_);
+	h->version = kBounceVersion;
+	h->nslots = nslots;
+	h->slot_size = slot_size;
+	h->owner_pid = getpid();
+	/* Publish the magic last: a peer that sees it sees the geometry. */
+	std::atomic_ref<uint64_t>(h->magic).store(kBounceMagic, std::memory_order_release);
+	s->helper_ = std::thread([s] { s->run(); });
+	return s;
+}
+
+BounceServer::~BounceServer()
+{
+	if (helper_.joinable()) {
+		stop_.store(true);
+		auto *h = reinterpret_cast<BounceHeader *>(base_);
+		h->doorbell.fetch_add(1, std::memory_order_release);
+		futex_wake(&h->doorbell, 1);
+		helper_.join();
+	}
+	if (base_)
+		munmap(base_, size_);
+	if (fd_ >= 0)
+		close(fd_);
+}
+
+/* The helper: serve every requested slot, then sleep on the doorbell. It
+ * re-reads the doorbell before scanning, so a request rung after the scan
+ * makes the futex wait return at once (no lost wake-up). */
+void BounceServer::run()
+{
+	auto *h = reinterpret_cast<BounceHeader *>(base_);
+	while (!stop_.load(std::memory_order_acquire)) {
+		uint32_t bell = h->doorbell.load(std::memory_order_acquire);
+		bool any = false;
+		for (uint32_t i = 0; i < nslots_; i++) {
+			auto *slot = reinterpret_cast<BounceSlot *>(
+				base_ + sizeof(BounceHeader) + size_t{i} * (sizeof(BounceSlot) + slot_size_));
+			uint32_t want = kPhaseRequest;
+			/* acquire: pairs with the initiator's release store of
+			 * kPhaseRequest, so the request fields are visible. */
+			if (slot->phase.compare_exchange_strong(want, kPhaseBusy,
+								std::memory_order_acquire)) {
+				execute(slot);
+				served_.fetch_add(1, std::memory_order_relaxed);
+				/* release: the initiator reads status/result/data
+				 * (and served()) after seeing kPhaseDone. */
+				slot->phase.store(kPhaseDone, std::memory_order_release);
+				futex_wake(&slot->phase, 1);
+				any = true;
+			}
+		}
+		if (!any)
+			futex_wait(&h->doorbell, bell, 100 * 1000 * 1000);
+	}
+}
+
+void BounceServer::execute(BounceSlot *slot)
+{
+	/* Copy the request out once: the initiator may scribble on it. */
+	const uint32_t op = slot->op;
+	const uint64_t addr = slot->addr, len = slot->len;
+	char *data = reinterpret_cast<char *>(slot + 1);
+	int status = 0;
+	bool write = op == uint32_t(BounceOp::write) || op == uint32_t(BounceOp::fetch_add) ||
+		     op == uint32_t(BounceOp::cmp_swap);
+	uint64_t end;
+	if (op < uint32_t(BounceOp::write) || op > uint32_t(BounceOp::cmp_swap))
+		status = EINVAL;
+	else if (len > slot_size_ || __builtin_add_overflow(addr, len, &end) || !addr)
+		status = EINVAL;
+	else if (op >= uint32_t(BounceOp::fetch_add) && (len != 8 || addr % 8))
+		status = EINVAL;
+	else if (validate_ && !validate_(ctx_, addr, len, write))
+		status = EACCES;
+	if (status == 0) {
+		void *target = reinterpret_cast<void *>(addr);
+		switch (static_cast<BounceOp>(op)) {
+		case BounceOp::write:
+			std::memcpy(target, data, len);
+			break;
+		case BounceOp::read:
+			std::memcpy(data, target, len);
+			break;
+		case BounceOp::fetch_add:
+			slot->result = __atomic_fetch_add(static_cast<uint64_t *>(target),
+							  slot->operand, __ATOMIC_SEQ_CST);
+			break;
+		case BounceOp::cmp_swap: {
+			uint64_t expected = slot->compare;
+			__atomic_compare_exchange_n(static_cast<uint64_t *>(target), &expected,
+						    slot->operand, false, __ATOMIC_SEQ_CST,
+						    __ATOMIC_SEQ_CST);
+			slot->result = expected; /* the old value either way */
+			break;
+		}
+		}
+	}
+	slot->status = status;
+}
+
+/* ---- BounceClient ---- */
+
+Result<BounceClient> BounceClient::attach(int fd, unsigned timeout_ms)
+{
+	struct stat sb;
+	if (fstat(fd, &sb) != 0)
+		return Err{errno};
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK) ||
+	    static_cast<size_t>(sb.st_size) < sizeof(BounceHeader))
+		return Err{EINVAL};
+	size_t size = static_cast<size_t>(sb.st_size);
+	void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return Err{errno};
+	auto *h = static_cast<BounceHeader *>(p);
+	/* Copy the geometry once and never trust the shared copy again. */
+	uint64_t magic = std::atomic_ref<uint64_t>(h->magic).load(std::memory_order_acquire);
+	uint32_t version = h->version, nslots = h->nslots, slot_size = h->slot_size;
+	pid_t owner = h->owner_pid;
+	if (magic != kBounceMagic || version != kBounceVersion || nslots < 1 || nslots > 1024 ||
+	    slot_size < 64 || slot_size > (1u << 20) || slot_size % 64 ||
+	    bounce_file_size(nslots, slot_size) > size || owner <= 0) {
+		munmap(p, size);
+		return Err{EINVAL};
+	}
+	auto *c = new BounceClient;
+	c->base_ = static_cast<char *>(p);
+	c->size_ = size;
+	c->nslots_ = nslots;
+	c->slot_size_ = slot_size;
+	c->target_ = owner;
+	c->timeout_ms_ = timeout_ms;
+	return c;
+}
+
+BounceClient::~BounceClient()
+{
+	if (base_)
+		munmap(base_, size_);
+}
+
+BounceSlot *BounceClient::slot_at(uint32_t i) const
+{
+	return reinterpret_cast<BounceSlot *>(base_ + sizeof(BounceHeader) +
+					      size_t{i} * (sizeof(BounceSlot) + slot_size_));
+}
+
+int BounceClient::claim(BounceSlot *&slot)
+{
+	const uint32_t self = static_cast<uint32_t>(getpid());
+	const uint64_t deadline = now_ns() + uint64_t{timeout_ms_} * 1000000;
+	for (unsigned round = 0;; round++) {
+		uint32_t start = next_.fetch_add(1, std::memory_order_relaxed);
+		for (uint32_t k = 0; k < nslots_; k++) {
+			BounceSlot *s = slot_at((start + k) % nslots_);
+			uint32_t owner = s->owner.load(std::memory_order_relaxed);
+			/* A slot of a dead initiator is free again; its request,
+			 * if any, has been or will be executed harmlessly. */
+			if (owner != 0 && owner != self && round > 0 &&
+			    process_gone(static_cast<pid_t>(owner))) {
+				uint32_t ph = s->phase.load(std::memory_order_acquire);
+				if (ph == kPhaseRequest || ph == kPhaseBusy)
+					continue; /* the helper still owns it */
+			} else if (owner != 0) {
+				continue;
+			}
+			/* acquire: see the previous owner's last writes. */
+			if (s->owner.compare_exchange_strong(owner, self, std::memory_order_acquire)) {
+				s->phase.store(kPhaseIdle, std::memory_order_relaxed);
+				slot = s;
+				return 0;
+			}
+		}
+		if (process_gone(target_))
+			return EPIPE;
+		if (now_ns() > deadline)
+			return ETIMEDOUT;
+		usleep(round < 10 ? 10 : 1000);
+	}
+}
+
+int BounceClient::submit(BounceSlot *slot)
+{
+	auto *h = reinterpret_cast<BounceHeader *>(base_);
+	slot->phase.store(kPhaseRequest, std::memory_order_release);
+	h->doorbell.fetch_add(1, std::memory_order_release);
+	futex_wake(&h->doorbell, 1);
+	const uint64_t deadline = now_ns() + uint64_t{timeout_ms_} * 1000000;
+	for (;;) {
+		uint32_t ph = slot->phase.load(std::memory_order_acquire);
+		if (ph == kPhaseDone) {
+			int status = slot->status;
+			return status < 0 || status > 4095 ? EIO : status;
+		}
+		if (process_gone(target_))
+			return EPIPE; /* the slot dies with the file */
+		if (now_ns() > deadline) {
+			/* Withdraw a request the helper has not taken; one it is
+			 * executing completes shortly, keep waiting for it. */
+			uint32_t want = kPhaseRequest;
+			if (slot->phase.compare_exchange_strong(want, kPhaseIdle))
+				return ETIMEDOUT;
+			/* A helper stuck in the copy (target stopped): give up
+			 * and leave the slot to it (ESTALE: do not release). */
+			if (now_ns() > deadline + uint64_t{timeout_ms_} * 1000000)
+				return ESTALE;
+		}
+		futex_wait(&slot->phase, ph, kPollNs);
+	}
+}
+
+namespace {
+void release(BounceSlot *s) { s->owner.store(0, std::memory_order_release); }
+} // namespace
+
+int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len)
+{
+	auto *p = static_cast<const char *>(src);
+	while (len > 0) {
+		size_t n = std::min<size_t>(len, c.slot_size_);
+		BounceSlot *s;
+		if (int err = c.claim(s))
+			return err;
+		s->op = uint32_t(BounceOp::write);
+		s->addr = va;
+		s->len = n;
+		std::memcpy(reinterpret_cast<char *>(s + 1), p, n);
+		int err = c.submit(s);
+		if (err != EPIPE && err != ESTALE)
+			release(s);
+		if (err)
+			return err == ESTALE ? ETIMEDOUT : err;
+		p += n;
+		va += n;
+		len -= n;
+	}
+	return 0;
+}
+
+int bounce_read(BounceClient &c, void *dst, uint64_t va, size_t len)
+{
+	auto *p = static_cast<char *>(dst);
+	while (len > 0) {
+		size_t n = std::min<size_t>(len, c.slot_size_);
+		BounceSlot *s;
+		if (int err = c.claim(s))
+			return err;
+		s->op = uint32_t(BounceOp::read);
+		s->addr = va;
+		s->len = n;
+		int err = c.submit(s);
+		if (!err)
+			std::memcpy(p, reinterpret_cast<char *>(s + 1), n);
+		if (err != EPIPE && err != ESTALE)
+			release(s);
+		if (err)
+			return err == ESTALE ? ETIMEDOUT : err;
+		p += n;
+		va += n;
+		len -= n;
+	}
+	return 0;
+}
+
+int bounce_atomic(BounceClient &c, BounceOp op, uint64_t va, uint64_t operand, uint64_t compare,
+		  uint64_t *old)
+{
+	if ((op != BounceOp::fetch_add && op != BounceOp::cmp_swap) || va % 8)
+		return EINVAL;
+	BounceSlot *s;
+	if (int err = c.claim(s))
+		return err;
+	s->op = uint32_t(op);
+	s->addr = va;
+	s->len = 8;
+	s->operand = operand;
+	s->compare = compare;
+	int err = c.submit(s);
+	if (!err && old)
+		*old = s->result;
+	if (err != EPIPE && err != ESTALE)
+		release(s);
+	return err == ESTALE ? ETIMEDOUT : err;
+}
+
+} // namespace shmverbs::memshare

@@ -1,0 +1,166 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Bounce buffers: the last path to a target's registered memory, for when it
+ * cannot be shared (memshare.h) and CMA is blocked (cma.h).
+ *
+ * The target owns a "bounce file" (a memfd): a header and a ring of slots.
+ * An initiator claims a free slot, fills in a request (and the data of a
+ * write), rings the doorbell (futex), and waits on the slot; the target's
+ * helper thread (BounceServer) copies between the slot and its own memory, or
+ * does the atomic, and completes the slot. One futex wake-up per operation:
+ * ~1000x the shared-memory floor; correct everywhere.
+ *
+ * No lock lives in the shared file. A slot is owned by the initiator whose pid
+ * its owner word holds; a slot owned by a dead process is reclaimed by the
+ * next claimer. The helper never waits for an initiator, so a dead initiator
+ * cannot hang the target; an initiator's waits are bounded and notice a dead
+ * target. Every value read from the shared file is checked before use: a
+ * faulty peer cannot make either side crash or write out of bounds.
+ */
+#pragma once
+
+#include "result.h"
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <thread>
+
+namespace shmverbs::memshare {
+
+/* ---- The shared layout (one version; both sides check it) ---- */
+
+constexpr uint64_t kBounceMagic = 0x31434e554f424853ULL; /* "SHBOUNC1" */
+constexpr uint32_t kBounceVersion = 1;
+
+struct BounceHeader {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t nslots;
+	uint32_t slot_size;    /* bytes of data per slot */
+	int32_t owner_pid;     /* the target */
+	std::atomic<uint32_t> doorbell; /* bumped by initiators, futex for the helper */
+	uint32_t reserved0;
+	uint64_t reserved[4];
+};
+static_assert(sizeof(BounceHeader) == 64);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+enum class BounceOp : uint32_t { write = 1, read = 2, fetch_add = 3, cmp_swap = 4 };
+
+enum BouncePhase : uint32_t {
+	kPhaseIdle = 0,    /* owned, being filled in */
+	kPhaseRequest = 1, /* ready for the helper */
+	kPhaseBusy = 2,    /* the helper is executing it */
+	kPhaseDone = 3,    /* status/result/data valid */
+};
+
+struct BounceSlot {
+	std::atomic<uint32_t> owner; /* 0 free, else the claiming initiator's pid */
+	std::atomic<uint32_t> phase; /* BouncePhase; futex for the initiator */
+	uint32_t op;                 /* BounceOp */
+	int32_t status;              /* 0 or a positive errno */
+	uint64_t addr;               /* target virtual address */
+	uint64_t len;
+	uint64_t operand;            /* add value, or swap value */
+	uint64_t compare;
+	uint64_t result;             /* the old value of an atomic */
+	uint64_t reserved[1];
+	/* followed by slot_size bytes of data */
+};
+static_assert(sizeof(BounceSlot) == 64);
+static_assert(offsetof(BounceSlot, addr) == 16);
+
+/* Bytes of the bounce file for a geometry. */
+constexpr size_t bounce_file_size(uint32_t nslots, uint32_t slot_size)
+{
+	return sizeof(BounceHeader) + size_t{nslots} * (sizeof(BounceSlot) + slot_size);
+}
+
+/* ---- Target side ---- */
+
+class BounceServer {
+public:
+	/* Whether the initiator may access [addr, addr + len) (write: store
+	 * into it). The data path passes its MR table check: the helper only
+	 * touches memory a live registration allows. nullptr allows all (tests). */
+	using Validate = bool (*)(void *ctx, uint64_t addr, uint64_t len, bool write);
+
+	/* Creates the bounce file and starts the helper thread. nslots 1-1024,
+	 * slot_size a multiple of 64 in [64, 1 MiB]; EINVAL otherwise. */
+	static Result<BounceServer> create(uint32_t nslots = 16, uint32_t slot_size = 64 * 1024,
+					   Validate validate = nullptr, void *ctx = nullptr);
+	/* Stops and joins the helper, unmaps, closes the fd. */
+	~BounceServer();
+	BounceServer(const BounceServer &) = delete;
+	BounceServer &operator=(const BounceServer &) = delete;
+
+	/* The bounce file, to pass to initiators (broker). Owned here. */
+	int fd() const { return fd_; }
+	/* Requests served so far. */
+	uint64_t served() const { return served_.load(std::memory_order_relaxed); }
+
+private:
+	BounceServer() = default;
+	void run();
+	void execute(BounceSlot *slot);
+
+	int fd_ = -1;
+	char *base_ = nullptr;
+	size_t size_ = 0;
+	uint32_t nslots_ = 0, slot_size_ = 0;
+	Validate validate_ = nullptr;
+	void *ctx_ = nullptr;
+	std::atomic<bool> stop_{false};
+	std::atomic<uint64_t> served_{0};
+	std::thread helper_;
+};
+
+/* ---- Initiator side ---- */
+
+class BounceClient {
+public:
+	/* Maps the bounce file fd (not kept) after checking its header and size;
+	 * EINVAL for anything inconsistent. timeout_ms bounds every operation. */
+	static Result<BounceClient> attach(int fd, unsigned timeout_ms = 5000);
+	~BounceClient();
+	BounceClient(const BounceClient &) = delete;
+	BounceClient &operator=(const BounceClient &) = delete;
+
+	pid_t target_pid() const { return target_; }
+
+private:
+	friend int bounce_write(BounceClient &, uint64_t, const void *, size_t);
+	friend int bounce_read(BounceClient &, void *, uint64_t, size_t);
+	friend int bounce_atomic(BounceClient &, BounceOp, uint64_t, uint64_t, uint64_t,
+				 uint64_t *);
+	BounceClient() = default;
+	/* Claims a slot: 0, or ETIMEDOUT / EPIPE (target gone). */
+	int claim(BounceSlot *&slot);
+	/* Submits the filled-in slot and waits for it: the slot's status. The
+	 * slot is released unless the target died with it. */
+	int submit(BounceSlot *slot);
+	BounceSlot *slot_at(uint32_t i) const;
+
+	char *base_ = nullptr;
+	size_t size_ = 0;
+	uint32_t nslots_ = 0, slot_size_ = 0;
+	pid_t target_ = 0;
+	unsigned timeout_ms_ = 5000;
+	std::atomic<uint32_t> next_{0};
+};
+
+/* Copies len bytes to/from the target's address va through the bounce slots
+ * (in slot_size chunks, in order). 0, or a positive errno: EFAULT/EACCES
+ * (rejected by the target's Validate), ETIMEDOUT, EPIPE (target died). */
+int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len);
+int bounce_read(BounceClient &c, void *dst, uint64_t va, size_t len);
+/* An 8-byte atomic (op fetch_add or cmp_swap) on the 8-byte aligned va,
+ * executed by the target as a CPU atomic, so it is atomic against CPU atomics
+ * on that memory. *old receives the previous value. EINVAL when unaligned. */
+int bounce_atomic(BounceClient &c, BounceOp op, uint64_t va, uint64_t operand, uint64_t compare,
+		  uint64_t *old);
+
+} // namespace shmverbs::memshare

@@ -1,0 +1,202 @@
+/* SPDX-License-Identifier: MIT */
+/* Bounce slots + target helper thread, across processes, with dead peers. */
+#include <catch2/catch.hpp>
+
+#include "bounce.h"
+#include "helpers.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+using namespace shmverbs::memshare;
+using namespace memshare_test;
+
+namespace {
+
+double now_s()
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Allows only [lo, hi). */
+struct Window {
+	uint64_t lo, hi;
+};
+bool only_window(void *ctx, uint64_t addr, uint64_t len, bool)
+{
+	auto *w = static_cast<Window *>(ctx);
+	return addr >= w->lo && addr + len <= w->hi;
+}
+
+} // namespace
+
+TEST_CASE("bounce write, read and atomics reach a target process", "[bounce]")
+{
+	int sv[2];
+	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+	pid_t pid;
+	int child_rc = -2;
+	constexpr int kAdds = 300;
+	std::thread t([&] {
+		child_rc = run_child(
+			[&]() -> int {
+				/* The target: private memory, a helper, and a thread
+				 * of its own doing CPU atomics on the same counter. */
+				char *mem = map_anon(2 * kPage);
+				Window win{reinterpret_cast<uint64_t>(mem),
+					   reinterpret_cast<uint64_t>(mem) + 2 * kPage};
+				std::unique_ptr<BounceServer> srv(
+					BounceServer::create(4, 1024, only_window, &win).get());
+				if (!srv || send_fd(sv[1], srv->fd(), win.lo) != 0)
+					return 1;
+				auto *counter = reinterpret_cast<uint64_t *>(mem + kPage);
+				for (int i = 0; i < kAdds; i++)
+					__atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST);
+				char c;
+				if (read(sv[1], &c, 1) != 1)
+					return 2;
+				if (std::memcmp(mem + 10, "from the initiator", 19) != 0)
+					return 3;
+				if (*counter != 2 * kAdds + 1000)
+					return 4;
+				return 0;
+			},
+			20, &pid);
+	});
+	uint64_t base;
+	int fd = recv_fd(sv[0], base);
+	REQUIRE(fd >= 0);
+	std::unique_ptr<BounceClient> c(BounceClient::attach(fd).get());
+	close(fd);
+	REQUIRE(c);
+	CHECK(c->target_pid() == pid);
+	CHECK(bounce_write(*c, base + 10, "from the initiator", 19) == 0);
+	char back[19] = {};
+	CHECK(bounce_read(*c, back, base + 10, 19) == 0);
+	CHECK(std::memcmp(back, "from the initiator", 19) == 0);
+	/* Larger than a slot: chunked, in order. */
+	std::vector<char> big(3000, 'z');
+	CHECK(bounce_write(*c, base + 200, big.data(), 3000) == 0);
+	/* Rejected by the target's check; unaligned atomics. */
+	CHECK(bounce_write(*c, base + 2 * kPage - 4, "12345678", 8) == EACCES);
+	uint64_t old;
+	CHECK(bounce_atomic(*c, BounceOp::fetch_add, base + kPage + 4, 1, 0, &old) == EINVAL);
+	uint64_t cnt = base + kPage;
+	for (int i = 0; i < kAdds; i++)
+		REQUIRE(bounce_atomic(*c, BounceOp::fetch_add, cnt, 1, 0, &old) == 0);
+	/* Compare-and-swap: fails with the old value, then succeeds. */
+	uint64_t cur;
+	REQUIRE(bounce_read(*c, &cur, cnt, 8) == 0);
+	CHECK(bounce_atomic(*c, BounceOp::cmp_swap, cnt, 7, cur + 1, &old) == 0);
+	CHECK(old == cur);
+	/* Wait until the target's own adds are done, then swap in a known value. */
+	for (int i = 0; i < 2000 && cur != 2 * kAdds; i++) {
+		usleep(1000);
+		REQUIRE(bounce_read(*c, &cur, cnt, 8) == 0);
+	}
+	REQUIRE(cur == 2 * kAdds);
+	CHECK(bounce_atomic(*c, BounceOp::cmp_swap, cnt, 2 * kAdds + 1000, cur, &old) == 0);
+	CHECK(old == cur);
+	REQUIRE(write(sv[0], "v", 1) == 1);
+	t.join();
+	CHECK(child_rc == 0);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+TEST_CASE("a dead target never hangs the initiator", "[bounce]")
+{
+	int sv[2];
+	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+	pid_t pid = fork();
+	if (pid == 0) {
+		char *mem = map_anon(kPage);
+		std::unique_ptr<BounceServer> srv(BounceServer::create(2, 64).get());
+		send_fd(sv[1], srv->fd(), reinterpret_cast<uint64_t>(mem));
+		pause();
+		_exit(0);
+	}
+	uint64_t base;
+	int fd = recv_fd(sv[0], base);
+	REQUIRE(fd >= 0);
+	std::unique_ptr<BounceClient> c(BounceClient::attach(fd, 3000).get());
+	close(fd);
+	REQUIRE(c);
+	CHECK(bounce_write(*c, base, "alive", 6) == 0);
+	kill(pid, SIGKILL);
+	REQUIRE(wait_child(pid) == 128 + SIGKILL);
+	double t0 = now_s();
+	CHECK(bounce_write(*c, base, "dead", 5) == EPIPE);
+	CHECK(now_s() - t0 < 1.0);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+TEST_CASE("a dead initiator never blocks the helper or the slots", "[bounce]")
+{
+	char *mem = map_anon(kPage);
+	REQUIRE(mem);
+	std::unique_ptr<BounceServer> srv(BounceServer::create(1, 64).get());
+	REQUIRE(srv);
+	int fd = srv->fd();
+	auto base = reinterpret_cast<uint64_t>(mem);
+	/* The child claims the only slot, posts a request and dies without
+	 * waiting for it or releasing the slot. */
+	int rc = run_child([&]() -> int {
+		void *p = mmap(nullptr, bounce_file_size(1, 64), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			return 1;
+		auto *slot = reinterpret_cast<BounceSlot *>(static_cast<char *>(p) + sizeof(BounceHeader));
+		slot->owner.store(static_cast<uint32_t>(getpid()));
+		slot->op = uint32_t(BounceOp::write);
+		slot->addr = base + 100;
+		slot->len = 4;
+		std::memcpy(reinterpret_cast<char *>(slot + 1), "dead", 4);
+		slot->phase.store(kPhaseRequest);
+		/* not ringing the doorbell either: the helper's timed wait
+		 * finds it */
+		_exit(0);
+	});
+	REQUIRE(rc == 0);
+	std::unique_ptr<BounceClient> c(BounceClient::attach(fd).get());
+	REQUIRE(c);
+	double t0 = now_s();
+	for (int i = 0; i < 5; i++)
+		REQUIRE(bounce_write(*c, base, "next", 5) == 0);
+	CHECK(now_s() - t0 < 2.0);
+	CHECK(std::strcmp(mem, "next") == 0);
+	CHECK(std::memcmp(mem + 100, "dead", 4) == 0); /* executed, harmlessly */
+	CHECK(srv->served() == 6);
+	double t1 = now_s();
+	srv.reset(); /* the helper stops promptly */
+	CHECK(now_s() - t1 < 1.0);
+	munmap(mem, kPage);
+}
+
+TEST_CASE("a bounce file with a bad header is refused", "[bounce]")
+{
+	int fd = memfd_create("fake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	REQUIRE(ftruncate(fd, 4096) == 0);
+	CHECK(BounceClient::attach(fd).error() == EINVAL); /* not sealed */
+	REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+	CHECK(BounceClient::attach(fd).error() == EINVAL); /* no magic */
+	BounceHeader h{};
+	h.magic = kBounceMagic;
+	h.version = kBounceVersion;
+	h.nslots = 1000; /* larger than the file */
+	h.slot_size = 4096;
+	h.owner_pid = getpid();
+	REQUIRE(pwrite(fd, &h, sizeof(h), 0) == sizeof(h));
+	CHECK(BounceClient::attach(fd).error() == EINVAL);
+	close(fd);
+	CHECK(BounceServer::create(0, 64).error() == EINVAL);
+	CHECK(BounceServer::create(4, 100).error() == EINVAL);
+}
