@@ -12,28 +12,15 @@
 
 #include <catch2/catch.hpp>
 
+#include "../common/fixtures.h"
+
 #include <dlfcn.h>
 
 #include <cerrno>
 
 namespace {
 
-struct OpenDevice {
-	struct ibv_context *ctx = nullptr;
-	struct ibv_device *dev = nullptr;
-
-	OpenDevice()
-	{
-		struct ibv_device **list = ibv_get_device_list(nullptr);
-		REQUIRE(list);
-		REQUIRE(list[0]);
-		dev = list[0];
-		ctx = ibv_open_device(dev);
-		ibv_free_device_list(list);
-		REQUIRE(ctx);
-	}
-	~OpenDevice() { ibv_close_device(ctx); }
-};
+using shmv_test::OpenDevice;
 
 } // namespace
 

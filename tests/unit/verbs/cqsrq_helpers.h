@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../common/fixtures.h"
+
 #include <poll.h>
 
 #include <cstdint>
@@ -22,23 +24,7 @@ int shmverbs_inject_srq_posted(struct ibv_srq *srq, uint32_t posted);
 
 namespace cqsrq_test {
 
-/* An open context on the first emulated device. */
-struct Device {
-	struct ibv_context *ctx = nullptr;
-
-	Device()
-	{
-		struct ibv_device **list = ibv_get_device_list(nullptr);
-		REQUIRE(list);
-		REQUIRE(list[0]);
-		ctx = ibv_open_device(list[0]);
-		ibv_free_device_list(list);
-		REQUIRE(ctx);
-	}
-	~Device() { ibv_close_device(ctx); }
-	Device(const Device &) = delete;
-	Device &operator=(const Device &) = delete;
-};
+using Device = shmv_test::OpenDevice;
 
 inline struct ibv_wc make_wc(uint64_t wr_id, enum ibv_wc_status status = IBV_WC_SUCCESS)
 {

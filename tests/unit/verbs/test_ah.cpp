@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../common/fixtures.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
@@ -18,28 +20,10 @@
 
 namespace {
 
-struct Fixture {
-	struct ibv_context *ctx = nullptr;
-	struct ibv_pd *pd = nullptr;
+struct Fixture : shmv_test::DeviceWithPd {
 	struct ibv_port_attr port{};
 
-	Fixture()
-	{
-		struct ibv_device **list = ibv_get_device_list(nullptr);
-		REQUIRE(list);
-		REQUIRE(list[0]);
-		ctx = ibv_open_device(list[0]);
-		ibv_free_device_list(list);
-		REQUIRE(ctx);
-		pd = ibv_alloc_pd(ctx);
-		REQUIRE(pd);
-		REQUIRE(ibv_query_port(ctx, 1, &port) == 0);
-	}
-	~Fixture()
-	{
-		CHECK(ibv_dealloc_pd(pd) == 0);
-		CHECK(ibv_close_device(ctx) == 0);
-	}
+	Fixture() { REQUIRE(ibv_query_port(ctx, 1, &port) == 0); }
 
 	union ibv_gid gid(int index) const
 	{

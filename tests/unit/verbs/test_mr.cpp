@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../common/fixtures.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -20,27 +22,8 @@
 
 namespace {
 
-struct Fixture {
-	struct ibv_context *ctx = nullptr;
-	struct ibv_pd *pd = nullptr;
+struct Fixture : shmv_test::DeviceWithPd {
 	std::vector<char> buf = std::vector<char>(1 << 16);
-
-	Fixture()
-	{
-		struct ibv_device **list = ibv_get_device_list(nullptr);
-		REQUIRE(list);
-		REQUIRE(list[0]);
-		ctx = ibv_open_device(list[0]);
-		ibv_free_device_list(list);
-		REQUIRE(ctx);
-		pd = ibv_alloc_pd(ctx);
-		REQUIRE(pd);
-	}
-	~Fixture()
-	{
-		CHECK(ibv_dealloc_pd(pd) == 0);
-		CHECK(ibv_close_device(ctx) == 0);
-	}
 };
 
 const long page = sysconf(_SC_PAGESIZE);

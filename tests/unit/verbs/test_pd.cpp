@@ -4,25 +4,15 @@
 
 #include <catch2/catch.hpp>
 
+#include "../common/fixtures.h"
+
 #include <cerrno>
 #include <vector>
 
 namespace {
 
-struct Fixture {
-	struct ibv_context *ctx = nullptr;
+struct Fixture : shmv_test::OpenDevice {
 	std::vector<char> buf = std::vector<char>(8192);
-
-	Fixture()
-	{
-		struct ibv_device **list = ibv_get_device_list(nullptr);
-		REQUIRE(list);
-		REQUIRE(list[0]);
-		ctx = ibv_open_device(list[0]);
-		ibv_free_device_list(list);
-		REQUIRE(ctx);
-	}
-	~Fixture() { CHECK(ibv_close_device(ctx) == 0); }
 };
 
 void *no_alloc(struct ibv_pd *, void *, size_t, size_t, uint64_t)
