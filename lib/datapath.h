@@ -129,5 +129,9 @@ int post_recv(Qp &qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 void progress_register(QpEngine *e);
 void progress_unregister(QpEngine *e);
 void progress_kick();
+/* Other periodic work of the progress thread (SRQ limits): fn(arg) runs on
+ * it under its lock until unregistered. */
+void progress_register_poller(void *arg, void (*fn)(void *));
+void progress_unregister_poller(void *arg);
 
 } // namespace shmverbs
