@@ -2,6 +2,8 @@
 #include "datapath.h"
 #include "datapath_internal.h"
 
+#include "ah.h"
+
 #include "log.h"
 #include "mr.h"
 #include "remote_memory.h"
@@ -485,6 +487,12 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				w.swap = wr->wr.atomic.swap;
 			}
 			if (type_ == IBV_QPT_UD) {
+				struct ibv_ah *ah = wr->wr.ud.ah;
+				if (!ah || to_context(ah->context) != qp_.ctx) {
+					err = EINVAL;
+					break;
+				}
+				w.ah_attr = Ah::from(ah)->attr;
 				w.remote_qpn = wr->wr.ud.remote_qpn;
 				w.remote_qkey = wr->wr.ud.remote_qkey;
 			}
@@ -578,6 +586,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		return fail(s);
 	}
 	wc.byte_len = uint32_t(length);
+	if (type_ == IBV_QPT_UD)
+		return execute_ud(wr, wc, local, length);
 
 	/* The target QP. */
 	uint32_t target_qpn = type_ == IBV_QPT_UD ? wr.remote_qpn : attr_.dest_qp_num;
