@@ -356,8 +356,17 @@ void QpEngine::flush()
 	std::lock_guard guard(sq_lock_);
 	state_.store(IBV_QPS_ERR);
 	if (desc_)
-		desc_->state.store(IBV_QPS_ERR, std::memory_order_release);
+		desc_->state.store(IBV_QPS_ERR, std::memory_order_seq_cst);
 	flush_locked();
+	/* On an SRQ the control path reports LAST_WQE_REACHED next: a sender
+	 * that saw this QP ready before may still be taking an SRQ WQE for it
+	 * (it holds our in-flight count, then checks the state). Wait,
+	 * bounded for a sender that died inside, until none is. */
+	if (desc_ && desc_->srqn) {
+		auto give_up = Clock::now() + std::chrono::milliseconds(100);
+		while (desc_->inflight.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
+			std::this_thread::yield();
+	}
 }
 
 void QpEngine::flush_locked()
