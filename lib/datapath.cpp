@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 #include "datapath.h"
+#include "datapath_internal.h"
+
+#include "ah.h"
 
 #include "log.h"
 #include "mr.h"
@@ -38,6 +41,11 @@ Clock::duration dead_peer_wait(const struct ibv_qp_attr &a)
 	double us = 4.096 * double(1ull << std::min(t, 31u)) * (a.retry_cnt + 1);
 	return scaled_us(us);
 }
+
+} // namespace
+
+/* Helpers shared with the UD and SRQ code (lib/datapath_internal.h). */
+namespace dp {
 
 /* The target's key in its segment's key table (lib/mr.h slots): held until
  * the KeyRef goes, so the owner's dereg_mr waits for us. */
@@ -112,11 +120,8 @@ shm::CqRing *peer_cq(const PeerSegment &seg, uint64_t off, uint32_t &capacity)
 	return ring;
 }
 
-/* A receive queue in a peer's segment, geometry copied and validated. */
-struct PeerRq {
-	shm::RecvQueue *rq = nullptr;
-	uint32_t entries = 0, max_sge = 0, stride = 0;
-};
+/* A receive queue in a peer's segment, geometry copied and validated
+ * (PeerRq: lib/datapath_internal.h). */
 
 bool peer_rq(const PeerSegment &seg, uint64_t off, PeerRq &out)
 {
@@ -151,8 +156,11 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 		wqe.num_sge = n;
 		/* The slot is rewritten only after head passed it: the copy
 		 * is intact if this succeeds. */
-		if (q.rq->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel))
+		if (q.rq->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) {
+			if (q.rq->srqn)
+				srq_ring_note_consumed(*q.rq, head + 1);
 			return true;
+		}
 	}
 }
 
@@ -169,6 +177,12 @@ Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_w
 	c.timestamp_ns = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 	return c;
 }
+
+} // namespace dp
+
+using namespace dp;
+
+namespace {
 
 enum ibv_wc_opcode send_wc_opcode(enum ibv_wr_opcode op)
 {
@@ -236,6 +250,7 @@ QpEngine::QpEngine(Qp &qp)
 	desc_->pdn = pdn_;
 	desc_->state.store(IBV_QPS_RESET);
 	desc_->srqn = qp.srq ? qp.srq->srq_num : 0;
+	desc_->xrc_domain = qp.core->xrc_domain;
 	if (recv_cq_) {
 		desc_->recv_cq_off = recv_cq_->ring_off;
 		desc_->recv_cq_has_channel = recv_cq_->channel != nullptr;
@@ -341,8 +356,17 @@ void QpEngine::flush()
 	std::lock_guard guard(sq_lock_);
 	state_.store(IBV_QPS_ERR);
 	if (desc_)
-		desc_->state.store(IBV_QPS_ERR, std::memory_order_release);
+		desc_->state.store(IBV_QPS_ERR, std::memory_order_seq_cst);
 	flush_locked();
+	/* On an SRQ the control path reports LAST_WQE_REACHED next: a sender
+	 * that saw this QP ready before may still be taking an SRQ WQE for it
+	 * (it holds our in-flight count, then checks the state). Wait,
+	 * bounded for a sender that died inside, until none is. */
+	if (desc_ && desc_->srqn) {
+		auto give_up = Clock::now() + std::chrono::milliseconds(100);
+		while (desc_->inflight.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
+			std::this_thread::yield();
+	}
 }
 
 void QpEngine::flush_locked()
@@ -472,6 +496,12 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				w.swap = wr->wr.atomic.swap;
 			}
 			if (type_ == IBV_QPT_UD) {
+				struct ibv_ah *ah = wr->wr.ud.ah;
+				if (!ah || to_context(ah->context) != qp_.ctx) {
+					err = EINVAL;
+					break;
+				}
+				w.ah_attr = Ah::from(ah)->attr;
 				w.remote_qpn = wr->wr.ud.remote_qpn;
 				w.remote_qkey = wr->wr.ud.remote_qkey;
 			}
@@ -565,6 +595,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		return fail(s);
 	}
 	wc.byte_len = uint32_t(length);
+	if (type_ == IBV_QPT_UD)
+		return execute_ud(wr, wc, local, length);
 
 	/* The target QP. */
 	uint32_t target_qpn = type_ == IBV_QPT_UD ? wr.remote_qpn : attr_.dest_qp_num;
@@ -609,6 +641,60 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	}
 	const PeerSegment &peer = *t.obj.seg;
 
+	/* Where an incoming message takes its receive WQE and writes its
+	 * completion: the QP's RQ and receive CQ; the QP's SRQ (basic) and
+	 * the QP's receive CQ; or, for XRC, the SRQ the WR names, which must
+	 * be an XRC SRQ of the target XRC_RECV QP's domain, and its CQ. */
+	struct RecvSide {
+		PeerRq q;
+		PeerObject srq_obj;
+		const PeerSegment *seg = nullptr;     /* where the WQE's buffers are */
+		uint32_t pdn = 0;
+		const PeerSegment *cq_seg = nullptr;
+		uint64_t cq_off = 0;
+		bool cq_has_channel = false;
+		broker::ObjectKind channel_kind = broker::ObjectKind::Qp;
+		uint32_t channel_id = 0;
+	} rs;
+	auto open_recv_side = [&]() -> enum ibv_wc_status {
+		rs.seg = &peer;
+		rs.pdn = t.desc->pdn;
+		rs.cq_seg = &peer;
+		rs.cq_off = t.desc->recv_cq_off;
+		rs.cq_has_channel = t.desc->recv_cq_has_channel;
+		rs.channel_id = target_qpn;
+		if (type_ == IBV_QPT_XRC_SEND) {
+			if (t.desc->type != IBV_QPT_XRC_RECV ||
+			    !peer_srq(device_, wr.xrc_srqn, rs.srq_obj, rs.q) ||
+			    rs.q.rq->srq_type != IBV_SRQT_XRC ||
+			    rs.q.rq->xrc_domain != t.desc->xrc_domain)
+				return IBV_WC_REM_INV_REQ_ERR;
+		} else if (t.desc->srqn) {
+			if (!peer_srq(device_, t.desc->srqn, rs.srq_obj, rs.q))
+				return IBV_WC_REM_OP_ERR;
+		} else {
+			return peer_rq(peer, t.desc->rq_off, rs.q) ? IBV_WC_SUCCESS : IBV_WC_REM_OP_ERR;
+		}
+		rs.seg = rs.srq_obj.seg.get();
+		rs.pdn = rs.q.rq->pdn;
+		if (type_ == IBV_QPT_XRC_SEND) {
+			rs.cq_seg = rs.seg;
+			rs.cq_off = rs.q.rq->cq_off;
+			rs.cq_has_channel = rs.q.rq->cq_has_channel;
+			rs.channel_kind = broker::ObjectKind::Srq;
+			rs.channel_id = wr.xrc_srqn;
+		}
+		return IBV_WC_SUCCESS;
+	};
+	auto produce_recv = [&](const Completion &rc) {
+		uint32_t cap;
+		if (shm::CqRing *ring = peer_cq(*rs.cq_seg, rs.cq_off, cap))
+			cq_ring_produce(*ring, cap, rc,
+					rs.cq_has_channel
+						? fetch_channel_fd(device_, rs.channel_kind, rs.channel_id)
+						: -1);
+	};
+
 	/* Remote access for one-sided operations. */
 	auto remote_key = [&](uint32_t access, uint64_t len, KeyRef &ref) {
 		ref = acquire_key(peer, wr.rkey);
@@ -632,13 +718,12 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		}
 		/* WRITE_WITH_IMM needs a receive WQE before anything moves. */
-		PeerRq q;
 		shm::RecvWqe wqe{};
 		std::vector<shm::RecvSge> rsges;
 		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-			if (!peer_rq(peer, t.desc->rq_off, q))
-				return fail(IBV_WC_REM_OP_ERR);
-			if (!consume_wqe(q, wqe, rsges)) {
+			if (enum ibv_wc_status st = open_recv_side())
+				return fail(st);
+			if (!consume_wqe(rs.q, wqe, rsges)) {
 				if (!reliable) {
 					wc.status = IBV_WC_SUCCESS;
 					return Outcome::Done;
@@ -658,12 +743,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			rc.wc.wc_flags = IBV_WC_WITH_IMM;
 			rc.wc.src_qp = qpn_;
 			rc.solicited = wr.send_flags & IBV_SEND_SOLICITED;
-			uint32_t cap;
-			if (shm::CqRing *ring = peer_cq(peer, t.desc->recv_cq_off, cap))
-				cq_ring_produce(*ring, cap, rc,
-						t.desc->recv_cq_has_channel
-							? fetch_channel_fd(device_, broker::ObjectKind::Qp, target_qpn)
-							: -1);
+			produce_recv(rc);
 		}
 		wc.status = IBV_WC_SUCCESS;
 		return Outcome::Done;
@@ -716,20 +796,12 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 
 	/* SEND / SEND_WITH_IMM: a receive WQE of the target's RQ or SRQ. */
 	{
-		PeerRq q;
-		PeerObject srq_obj;
-		const PeerSegment *rq_seg = &peer;
-		if (t.desc->srqn) {
-			if (resolve_object(device_, broker::ObjectKind::Srq, t.desc->srqn, srq_obj) ||
-			    !peer_rq(*srq_obj.seg, srq_obj.off, q))
-				return fail(IBV_WC_REM_OP_ERR);
-			rq_seg = srq_obj.seg.get();
-		} else if (!peer_rq(peer, t.desc->rq_off, q)) {
-			return fail(IBV_WC_REM_OP_ERR);
-		}
+		if (enum ibv_wc_status st = open_recv_side())
+			return fail(st);
+		const PeerSegment *rq_seg = rs.seg;
 		shm::RecvWqe wqe{};
 		std::vector<shm::RecvSge> rsges;
-		if (!consume_wqe(q, wqe, rsges)) {
+		if (!consume_wqe(rs.q, wqe, rsges)) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC/UD: dropped silently */
 				return Outcome::Done;
@@ -768,7 +840,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 					break;
 				uint64_t n = std::min<uint64_t>(s.length, length + skip - pos);
 				KeyRef ref = acquire_key(*rq_seg, s.lkey);
-				if (!ref || ref->pdn != t.desc->pdn ||
+				if (!ref || ref->pdn != rs.pdn ||
 				    !ref.permits(s.addr, n, IBV_ACCESS_LOCAL_WRITE)) {
 					rc.wc.status = IBV_WC_LOC_PROT_ERR;
 					sender = IBV_WC_REM_OP_ERR;
@@ -789,12 +861,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 				pos += n;
 			}
 		}
-		uint32_t cap;
-		if (shm::CqRing *ring = peer_cq(peer, t.desc->recv_cq_off, cap))
-			cq_ring_produce(*ring, cap, rc,
-					t.desc->recv_cq_has_channel
-						? fetch_channel_fd(device_, broker::ObjectKind::Qp, target_qpn)
-						: -1);
+		produce_recv(rc);
 		if (rc.wc.status != IBV_WC_SUCCESS) {
 			responder_error(shm::remote_error_fatal);
 			if (reliable)

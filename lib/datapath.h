@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <sys/uio.h>
 #include <vector>
 
 namespace shmverbs {
@@ -54,6 +55,7 @@ struct SendWr {
 	uint32_t remote_qpn = 0; /* UD */
 	uint32_t remote_qkey = 0;
 	uint32_t xrc_srqn = 0;
+	struct ibv_ah_attr ah_attr{}; /* UD: the AH's address, copied at post */
 	/* Retry state of the WR at the head of the queue. */
 	int rnr_left = -1;  /* -1: not started */
 	std::chrono::steady_clock::time_point not_before{};
@@ -91,6 +93,9 @@ public:
 private:
 	enum class Outcome { Done, Wait, Fatal };
 	Outcome execute(SendWr &wr, struct ibv_wc &wc);
+	/* lib/ud.cpp */
+	Outcome execute_ud(SendWr &wr, struct ibv_wc &wc, const std::vector<struct iovec> &local,
+			   uint64_t length);
 	void complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc);
 	void flush_locked();
 	void snapshot_attr();
@@ -129,5 +134,9 @@ int post_recv(Qp &qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 void progress_register(QpEngine *e);
 void progress_unregister(QpEngine *e);
 void progress_kick();
+/* Other periodic work of the progress thread (SRQ limits): fn(arg) runs on
+ * it under its lock until unregistered. */
+void progress_register_poller(void *arg, void (*fn)(void *));
+void progress_unregister_poller(void *arg);
 
 } // namespace shmverbs

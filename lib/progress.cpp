@@ -12,6 +12,7 @@
 #include "datapath.h"
 
 #include <condition_variable>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -22,6 +23,7 @@ namespace {
 std::mutex lock;
 std::condition_variable wake;
 std::set<QpEngine *> *engines;
+std::map<void *, void (*)(void *)> *pollers;
 bool started = false;
 bool kicked = false;
 
@@ -34,8 +36,23 @@ void thread_main()
 			e->check_remote_errors();
 			busy |= e->progress();
 		}
+		for (auto &[arg, fn] : *pollers)
+			fn(arg);
 		wake.wait_for(guard, std::chrono::milliseconds(busy ? 1 : 10), [] { return kicked; });
 		kicked = false;
+	}
+}
+
+/* The containers are never freed: the thread outlives main. */
+void start_locked()
+{
+	if (!engines) {
+		engines = new std::set<QpEngine *>;
+		pollers = new std::map<void *, void (*)(void *)>;
+	}
+	if (!started) {
+		started = true;
+		std::thread(thread_main).detach();
 	}
 }
 
@@ -44,13 +61,21 @@ void thread_main()
 void progress_register(QpEngine *e)
 {
 	std::lock_guard guard(lock);
-	if (!engines)
-		engines = new std::set<QpEngine *>; /* never freed: the thread outlives main */
+	start_locked();
 	engines->insert(e);
-	if (!started) {
-		started = true;
-		std::thread(thread_main).detach();
-	}
+}
+
+void progress_register_poller(void *arg, void (*fn)(void *))
+{
+	std::lock_guard guard(lock);
+	start_locked();
+	(*pollers)[arg] = fn;
+}
+
+void progress_unregister_poller(void *arg)
+{
+	std::lock_guard guard(lock);
+	pollers->erase(arg);
 }
 
 void progress_unregister(QpEngine *e)

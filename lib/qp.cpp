@@ -6,6 +6,7 @@
  * ConnectX-5 gives for it.
  */
 #include "qp.h"
+#include "ud.h"
 
 #include "datapath.h"
 #include "ids.h"
@@ -734,6 +735,10 @@ int attach_mcast(Qp &qp, const union ibv_gid &gid, uint16_t lid)
 		return EINVAL;
 	if (!is_eth(*core.device) && (lid < 0xc000 || lid == 0xffff))
 		return EINVAL;
+	/* Membership other processes' senders see (lib/ud.h). */
+	if (int err = mcast_join(core.device->index, gid, is_eth(*core.device) ? 0 : lid,
+				 core.qp_num))
+		return err;
 	core.mcast.push_back(McastAttachment{gid, lid});
 	return 0;
 }
@@ -748,6 +753,7 @@ int detach_mcast(Qp &qp, const union ibv_gid &gid, uint16_t lid)
 	if (it == core.mcast.end())
 		return EINVAL;
 	core.mcast.erase(it);
+	mcast_leave(core.device->index, gid, is_eth(*core.device) ? 0 : lid, core.qp_num);
 	return 0;
 }
 

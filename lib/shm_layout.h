@@ -25,7 +25,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 1;
+constexpr uint32_t shm_version = 2;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -81,6 +81,10 @@ struct QpDesc {
 	/* An error a sender found on this responder (RemoteError): the owner
 	 * moves the QP to ERR and raises the event when it sees it. */
 	std::atomic<uint32_t> remote_error;
+	uint32_t reserved2;
+	/* XRC_RECV: the XRC domain (Xrcd::domain) it lives in; a sender's
+	 * XRC SRQ must belong to the same domain. 0 for other types. */
+	uint64_t xrc_domain;
 };
 static_assert(std::is_standard_layout_v<QpDesc>);
 
@@ -123,17 +127,24 @@ struct RecvQueue {
 	uint32_t entries;  /* power of two */
 	uint32_t max_sge;
 	uint32_t stride;   /* bytes per slot: sizeof(RecvWqe) + 16 * max_sge */
-	uint32_t cq_off_unused;
+	/* SRQs: the armed low watermark (0: not armed). A consumer that leaves
+	 * fewer WQEs than this CASes it to 0 and records what it saw in
+	 * limit_seen (count + 1); the owner raises IBV_EVENT_SRQ_LIMIT_REACHED
+	 * when it finds limit_seen set (lib/srq_ring.cpp). */
+	std::atomic<uint32_t> limit;
 	uint32_t srqn;     /* SRQs: their number; 0 for a QP's RQ */
 	uint64_t cq_off;   /* XRC SRQs: the CqRing of their completions */
-	uint32_t cq_has_channel;
-	uint32_t reserved;
+	uint32_t cq_has_channel; /* XRC SRQs: eventfd attached to the SRQ, slot 0 */
+	uint32_t pdn;      /* SRQs: the PD their receive buffers must be in */
 	std::atomic<uint64_t> head;
 	std::atomic<uint64_t> tail;
-	/* slots follow, 64-byte aligned */
+	std::atomic<uint32_t> limit_seen;
+	uint32_t srq_type; /* SRQs: enum ibv_srq_type */
+	uint64_t xrc_domain; /* XRC SRQs: Xrcd::domain */
+	/* slots follow at rq_slots_offset */
 };
-static_assert(sizeof(RecvQueue) == 56);
-constexpr uint64_t rq_slots_offset = 64;
+static_assert(sizeof(RecvQueue) <= 128);
+constexpr uint64_t rq_slots_offset = 128;
 
 /* ---- Completion queue ring ---- */
 

@@ -19,6 +19,7 @@
  * the same files.
  */
 #include "srq.h"
+#include "srq_ring.h"
 #include "device.h"
 #include "ids.h"
 #include "log.h"
@@ -384,6 +385,13 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 	pthread_cond_init(&s.cond, nullptr);
 	s.events_completed = 0;
 
+	if (int err = srq_ring_attach(*srq)) {
+		release_id(*ctx.device, IdKind::Srq, srq->srq_num);
+		pthread_cond_destroy(&s.cond);
+		pthread_mutex_destroy(&s.mutex);
+		delete srq;
+		return Err{err};
+	}
 	srq->pd->uses.get();
 	if (xrcd)
 		xrcd->uses.get();
@@ -430,8 +438,10 @@ int modify_srq(Srq &srq, const struct ibv_srq_attr &attr, int attr_mask)
 	}
 
 	srq.max_wr = new_wr;
-	if (attr_mask & IBV_SRQ_LIMIT)
+	if (attr_mask & IBV_SRQ_LIMIT) {
 		srq.srq_limit = attr.srq_limit;
+		srq_ring_set_limit(srq, attr.srq_limit);
+	}
 	return 0;
 }
 
@@ -457,6 +467,7 @@ int destroy_srq(Srq &srq)
 		return EBUSY;
 	srq.async_events.wait_all_acked();
 	srq.ctx->remove_event_source(&srq);
+	srq_ring_detach(srq);
 	release_id(*srq.ctx->device, IdKind::Srq, srq.srq_num);
 	srq.pd->uses.put();
 	if (srq.xrcd)

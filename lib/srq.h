@@ -17,6 +17,8 @@
 
 namespace shmverbs {
 
+struct SrqRing; /* lib/srq_ring.h */
+
 /* Names the kernel-side XRC domain an fd's inode stands for: the inode on
  * one device (the kernel keeps one inode -> xrcd table per device). */
 struct XrcdKey {
@@ -77,6 +79,7 @@ struct Srq {
 	uint32_t srq_limit;
 	/* Receive WQEs posted and not yet consumed; kept by the data path. */
 	uint32_t posted;
+	SrqRing *ring; /* the receive ring in shared memory (lib/srq_ring.h) */
 
 	struct ibv_srq *abi() { return &ibv; }
 	static Srq *from(struct ibv_srq *s) { return reinterpret_cast<Srq *>(s); }

@@ -8,6 +8,7 @@
 #include "ops.h"
 
 #include "srq.h"
+#include "srq_ring.h"
 
 using namespace shmverbs;
 using namespace shmverbs::abi;
@@ -50,6 +51,17 @@ int ctx_close_xrcd(struct ibv_xrcd *xrcd)
 	return guard_int([&] { return close_xrcd(*Xrcd::from(xrcd)); });
 }
 
+/* ibv_post_srq_recv() is inline in verbs.h: the ops slot. */
+int ctx_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	if (!srq || !wr || !bad_wr || !our_srq(srq)) {
+		if (bad_wr)
+			*bad_wr = wr;
+		return EINVAL;
+	}
+	return guard_int([&] { return post_srq_recv(*Srq::from(srq), wr, bad_wr); });
+}
+
 } // namespace
 
 namespace shmverbs::abi {
@@ -58,6 +70,7 @@ void install_srq_ops(struct verbs_context &v)
 {
 	v.create_srq_ex = ctx_create_srq_ex;
 	v.get_srq_num = ctx_get_srq_num;
+	v.context.ops.post_srq_recv = ctx_post_srq_recv;
 	v.open_xrcd = ctx_open_xrcd;
 	v.close_xrcd = ctx_close_xrcd;
 }

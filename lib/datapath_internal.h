@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Helpers of the send engine shared by its parts (lib/datapath.cpp: RC, UC,
+ * XRC; lib/ud.cpp: UD and multicast; lib/srq_ring.cpp: SRQ rings). Not an
+ * interface for anything else.
+ */
+#pragma once
+
+#include "cq.h"
+#include "mr.h"
+#include "segment.h"
+#include "shm_layout.h"
+
+#include <infiniband/verbs.h>
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace shmverbs::dp {
+
+/* The target's key in its segment's key table, held until the KeyRef goes
+ * (the owner's dereg_mr waits for it); empty when the key is not valid. */
+KeyRef acquire_key(const PeerSegment &seg, uint32_t key);
+
+/* A CQ ring in a peer's segment, geometry validated; nullptr if bad. */
+shm::CqRing *peer_cq(const PeerSegment &seg, uint64_t off, uint32_t &capacity);
+
+/* A receive queue in a peer's segment, geometry copied and validated. */
+struct PeerRq {
+	shm::RecvQueue *rq = nullptr;
+	uint32_t entries = 0, max_sge = 0, stride = 0;
+};
+bool peer_rq(const PeerSegment &seg, uint64_t off, PeerRq &out);
+
+/* Takes one receive WQE (a copy) from a ring (CAS on head, any number of
+ * consumers); false when empty. SRQ rings: checks the armed limit. */
+bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &sges);
+
+Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op,
+			   uint32_t qpn);
+
+} // namespace shmverbs::dp
+
+namespace shmverbs {
+
+/* lib/srq_ring.cpp: a consumer took the WQE before `new_head` from an SRQ
+ * ring; fires the armed limit when fewer WQEs than it remain. */
+void srq_ring_note_consumed(shm::RecvQueue &rq, uint64_t new_head);
+
+} // namespace shmverbs
+
+namespace shmverbs::dp {
+
+/* An SRQ's ring, resolved through the broker (cached; a stale cache entry
+ * is refreshed once). false when no such SRQ is published. */
+bool peer_srq(uint32_t device, uint32_t srqn, PeerObject &obj, PeerRq &q);
+
+} // namespace shmverbs::dp

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: MIT */
+#include "srq_ring.h"
+
+#include "datapath.h"
+#include "datapath_internal.h"
+#include "device.h"
+#include "log.h"
+#include "segment.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+namespace shmverbs {
+
+struct SrqRing {
+	Srq &srq;
+	Segment &seg;
+	uint64_t off = 0, bytes = 0;
+	shm::RecvQueue *rq = nullptr;
+	uint32_t entries = 0, max_sge = 0, stride = 0;
+	bool published = false;
+	std::mutex post_lock; /* the single producer */
+
+	SrqRing(Srq &s, Segment &g) : srq(s), seg(g) {}
+};
+
+namespace {
+
+/* The owner's side of the limit: a consumer (any process) disarmed the
+ * word; raise the event here, where the SRQ's context lives. Runs on the
+ * progress thread. */
+void poll_limit(void *arg)
+{
+	auto *r = static_cast<SrqRing *>(arg);
+	uint32_t seen = r->rq->limit_seen.exchange(0, std::memory_order_acq_rel);
+	if (seen)
+		srq_update_posted(r->srq, seen - 1);
+}
+
+} // namespace
+
+int srq_ring_attach(Srq &srq)
+{
+	Segment &seg = Segment::of(srq.ctx->device->index);
+	auto *r = new (std::nothrow) SrqRing(srq, seg);
+	if (!r)
+		return ENOMEM;
+	uint32_t e = 1;
+	while (e < srq.max_wr)
+		e <<= 1;
+	r->entries = e;
+	r->max_sge = std::max(srq.max_sge, 1u);
+	r->stride = uint32_t(sizeof(shm::RecvWqe) + sizeof(shm::RecvSge) * r->max_sge);
+	r->bytes = shm::rq_slots_offset + uint64_t(r->entries) * r->stride;
+	r->off = seg.alloc(r->bytes);
+	if (!r->off) {
+		delete r;
+		return ENOMEM;
+	}
+	shm::RecvQueue *rq = seg.at<shm::RecvQueue>(r->off);
+	rq->entries = r->entries;
+	rq->max_sge = r->max_sge;
+	rq->stride = r->stride;
+	rq->srqn = srq.srq_num;
+	rq->pdn = srq.pd ? srq.pd->pdn : 0;
+	rq->srq_type = srq.srq_type;
+	rq->limit.store(srq.srq_limit, std::memory_order_relaxed);
+	if (srq.srq_type == IBV_SRQT_XRC) {
+		rq->xrc_domain = srq.xrcd->domain;
+		rq->cq_off = srq.cq->ring_off;
+		rq->cq_has_channel = srq.cq->channel != nullptr;
+	}
+	/* Geometry first, then the magic: a reader that sees the magic sees
+	 * the geometry (the broker's publish orders it for other processes). */
+	std::atomic_thread_fence(std::memory_order_release);
+	rq->magic = shm::rq_magic;
+	r->rq = rq;
+	srq.ring = r;
+	if (int err = seg.publish(broker::ObjectKind::Srq, srq.srq_num, r->off)) {
+		log_debug("SRQ %u not published (%d): reachable by no peer", srq.srq_num, err);
+	} else {
+		r->published = true;
+		if (srq.srq_type == IBV_SRQT_XRC && srq.cq->channel)
+			seg.attach_fd(broker::ObjectKind::Srq, srq.srq_num, 0,
+				      srq.cq->channel->ibv.fd);
+	}
+	progress_register_poller(r, poll_limit);
+	return 0;
+}
+
+void srq_ring_detach(Srq &srq)
+{
+	SrqRing *r = srq.ring;
+	if (!r)
+		return;
+	progress_unregister_poller(r);
+	/* Senders check the magic before they consume. */
+	r->rq->magic = 0;
+	if (r->published)
+		r->seg.withdraw(broker::ObjectKind::Srq, srq.srq_num);
+	forget_object(srq.ctx->device->index, broker::ObjectKind::Srq, srq.srq_num);
+	r->seg.free(r->off, r->bytes);
+	srq.ring = nullptr;
+	delete r;
+}
+
+void srq_ring_set_limit(Srq &srq, uint32_t limit)
+{
+	if (srq.ring)
+		srq.ring->rq->limit.store(limit, std::memory_order_release);
+}
+
+void srq_ring_note_consumed(shm::RecvQueue &rq, uint64_t new_head)
+{
+	uint32_t limit = rq.limit.load(std::memory_order_acquire);
+	if (!limit)
+		return;
+	uint64_t left = rq.tail.load(std::memory_order_acquire) - new_head;
+	if (left >= limit)
+		return;
+	/* One consumer wins the disarm and reports; the owner raises the
+	 * event once. */
+	if (rq.limit.compare_exchange_strong(limit, 0, std::memory_order_acq_rel))
+		rq.limit_seen.store(uint32_t(left) + 1, std::memory_order_release);
+}
+
+int post_srq_recv(Srq &srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	SrqRing *r = srq.ring;
+	if (!r) {
+		*bad_wr = wr;
+		return ENOMEM;
+	}
+	shm::RecvQueue *rq = r->rq;
+	char *slots = reinterpret_cast<char *>(rq) + shm::rq_slots_offset;
+	const uint32_t max_wr = std::min(srq.max_wr, r->entries);
+	std::lock_guard guard(r->post_lock);
+	for (; wr; wr = wr->next) {
+		/* libmlx5's order: the SGE count, then room. */
+		if (wr->num_sge < 0 || uint32_t(wr->num_sge) > srq.max_sge) {
+			*bad_wr = wr;
+			return EINVAL;
+		}
+		uint64_t tail = rq->tail.load(std::memory_order_relaxed);
+		uint64_t head = rq->head.load(std::memory_order_acquire);
+		if (tail - head >= max_wr) {
+			*bad_wr = wr;
+			return ENOMEM;
+		}
+		char *slot = slots + (tail & (r->entries - 1)) * r->stride;
+		shm::RecvWqe wqe{wr->wr_id, uint32_t(wr->num_sge), 0};
+		std::memcpy(slot, &wqe, sizeof(wqe));
+		for (int i = 0; i < wr->num_sge; i++) {
+			shm::RecvSge s{wr->sg_list[i].addr, wr->sg_list[i].length,
+				       wr->sg_list[i].lkey};
+			std::memcpy(slot + sizeof(wqe) + i * sizeof(s), &s, sizeof(s));
+		}
+		/* Pairs with the consumers' acquire load of tail. */
+		rq->tail.store(tail + 1, std::memory_order_release);
+	}
+	return 0;
+}
+
+} // namespace shmverbs
+
+namespace shmverbs::dp {
+
+bool peer_srq(uint32_t device, uint32_t srqn, PeerObject &obj, PeerRq &q)
+{
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if (resolve_object(device, broker::ObjectKind::Srq, srqn, obj, attempt == 1))
+			return false;
+		if (peer_rq(*obj.seg, obj.off, q) && q.rq->srqn == srqn)
+			return true;
+	}
+	return false;
+}
+
+} // namespace shmverbs::dp

@@ -1,0 +1,633 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * SRQ, XRC and UD on the data path. Cross-process cases re-execute the test
+ * binary as a peer ("--peer <mode>") that talks over its stdin/stdout and
+ * otherwise sits in read(). Every wait is bounded.
+ */
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <infiniband/verbs.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool in_peer = false;
+#define NEED(c)                           \
+	do {                              \
+		if (in_peer) {            \
+			if (!(c))         \
+				_exit(10); \
+		} else {                  \
+			REQUIRE(c);       \
+		}                         \
+	} while (0)
+
+struct Dev {
+	struct ibv_context *ctx = nullptr;
+	struct ibv_pd *pd = nullptr;
+	std::vector<char> buf = std::vector<char>(1 << 16);
+	struct ibv_mr *mr = nullptr;
+	struct ibv_port_attr port{};
+	Dev()
+	{
+		int n = 0;
+		struct ibv_device **list = ibv_get_device_list(&n);
+		NEED((list && n > 0));
+		ctx = ibv_open_device(list[0]);
+		ibv_free_device_list(list);
+		NEED(ctx);
+		pd = ibv_alloc_pd(ctx);
+		mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+		NEED(mr);
+		NEED(ibv_query_port(ctx, 1, &port) == 0);
+	}
+	struct ibv_sge sge(size_t off, uint32_t len)
+	{
+		return {uint64_t(uintptr_t(buf.data() + off)), len, mr->lkey};
+	}
+};
+
+int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 2000)
+{
+	auto end = Clock::now() + std::chrono::milliseconds(ms);
+	while (Clock::now() < end) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		if (n)
+			return n;
+		std::this_thread::sleep_for(std::chrono::microseconds(100));
+	}
+	return 0;
+}
+
+bool wait_async(struct ibv_context *ctx, enum ibv_event_type type, void *element, int ms = 2000)
+{
+	auto end = Clock::now() + std::chrono::milliseconds(ms);
+	while (Clock::now() < end) {
+		struct pollfd p = {ctx->async_fd, POLLIN, 0};
+		if (poll(&p, 1, 50) != 1)
+			continue;
+		struct ibv_async_event ev;
+		if (ibv_get_async_event(ctx, &ev))
+			return false;
+		bool match = ev.event_type == type && (ev.element.qp == element);
+		ibv_ack_async_event(&ev);
+		if (match)
+			return true;
+	}
+	return false;
+}
+
+int to_rts(struct ibv_qp *qp, enum ibv_qp_type type, uint32_t dest = 0, uint16_t dlid = 0,
+	   uint32_t qkey = 0x11111111)
+{
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+	if (type == IBV_QPT_UD) {
+		a.qkey = qkey;
+		mask |= IBV_QP_QKEY;
+	} else {
+		mask |= IBV_QP_ACCESS_FLAGS;
+	}
+	if (int e = ibv_modify_qp(qp, &a, mask))
+		return e;
+	a = {};
+	a.qp_state = IBV_QPS_RTR;
+	mask = IBV_QP_STATE;
+	if (type != IBV_QPT_UD) {
+		a.path_mtu = IBV_MTU_1024;
+		a.dest_qp_num = dest;
+		a.min_rnr_timer = 1;
+		a.max_dest_rd_atomic = 1;
+		a.ah_attr.dlid = dlid;
+		a.ah_attr.port_num = 1;
+		mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+			IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	}
+	if (int e = ibv_modify_qp(qp, &a, mask))
+		return e;
+	if (type == IBV_QPT_XRC_RECV)
+		return 0;
+	a = {};
+	a.qp_state = IBV_QPS_RTS;
+	mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+	if (type != IBV_QPT_UD) {
+		a.timeout = 10;
+		a.retry_cnt = 3;
+		a.rnr_retry = 7;
+		a.max_rd_atomic = 1;
+		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+	}
+	return ibv_modify_qp(qp, &a, mask);
+}
+
+struct ibv_qp *make_qp(Dev &d, struct ibv_cq *cq, enum ibv_qp_type type, struct ibv_srq *srq = nullptr)
+{
+	struct ibv_qp_init_attr a{};
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.srq = srq;
+	a.qp_type = type;
+	a.cap.max_send_wr = 16;
+	a.cap.max_recv_wr = srq ? 0 : 16;
+	a.cap.max_send_sge = 2;
+	a.cap.max_recv_sge = srq ? 0 : 2;
+	return ibv_create_qp(d.pd, &a);
+}
+
+int send(struct ibv_qp *qp, struct ibv_sge s, uint64_t wr_id, struct ibv_ah *ah = nullptr,
+	 uint32_t rqpn = 0, uint32_t qkey = 0x11111111, uint32_t srqn = 0)
+{
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = rqpn;
+	wr.wr.ud.remote_qkey = qkey;
+	if (srqn)
+		wr.qp_type.xrc.remote_srqn = srqn;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+int post_srq(struct ibv_srq *srq, struct ibv_sge s, uint64_t wr_id)
+{
+	struct ibv_recv_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	return ibv_post_srq_recv(srq, &wr, &bad);
+}
+
+int post_rq(struct ibv_qp *qp, struct ibv_sge s, uint64_t wr_id)
+{
+	struct ibv_recv_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+/* ---- Peer processes ---- */
+
+bool read_line(std::string &line)
+{
+	char b[256];
+	if (!fgets(b, sizeof(b), stdin))
+		return false;
+	line = b;
+	return true;
+}
+
+/* XRC target: XRC SRQ + XRC_RECV QP; prints "<recv qpn> <srqn>", then on
+ * any line prints its receive completions and "done". */
+int peer_xrc()
+{
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_xrcd_init_attr xa{};
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.fd = -1;
+	struct ibv_xrcd *xrcd = ibv_open_xrcd(d.ctx, &xa);
+	NEED((cq && xrcd));
+	struct ibv_srq_init_attr_ex sa{};
+	sa.attr.max_wr = 8;
+	sa.attr.max_sge = 1;
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+		       IBV_SRQ_INIT_ATTR_PD;
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.xrcd = xrcd;
+	sa.cq = cq;
+	sa.pd = d.pd;
+	struct ibv_srq *srq = ibv_create_srq_ex(d.ctx, &sa);
+	NEED(srq);
+	struct ibv_qp_init_attr_ex qa{};
+	qa.qp_type = IBV_QPT_XRC_RECV;
+	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	qa.xrcd = xrcd;
+	struct ibv_qp *qp = ibv_create_qp_ex(d.ctx, &qa);
+	NEED(qp);
+	std::string line;
+	uint32_t srqn = 0;
+	NEED(ibv_get_srq_num(srq, &srqn) == 0);
+	for (int i = 0; i < 2; i++)
+		NEED(post_srq(srq, d.sge(i * 64, 64), 500 + i) == 0);
+	std::printf("%u %u %u\n", qp->qp_num, srqn, d.port.lid);
+	NEED(read_line(line));
+	unsigned dest = 0;
+	NEED(std::sscanf(line.c_str(), "%u", &dest) == 1);
+	NEED(to_rts(qp, IBV_QPT_XRC_RECV, dest, d.port.lid) == 0);
+	std::printf("ready\n");
+	NEED(read_line(line));
+	struct ibv_wc wc;
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		std::printf("wc %d %u %llu %u %.8s\n", wc.status, wc.qp_num,
+			    (unsigned long long)wc.wr_id, wc.byte_len,
+			    d.buf.data() + (wc.wr_id - 500) * 64);
+	std::printf("done\n");
+	return 0;
+}
+
+/* Multicast member: a UD QP attached to the group; prints its qpn, then on
+ * any line its receive completions. */
+int peer_mcast()
+{
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_qp *qp = make_qp(d, cq, IBV_QPT_UD);
+	NEED(qp);
+	NEED(to_rts(qp, IBV_QPT_UD) == 0);
+	union ibv_gid mgid{};
+	mgid.raw[0] = 0xff;
+	mgid.raw[15] = 7;
+	NEED(ibv_attach_mcast(qp, &mgid, 0xc007) == 0);
+	NEED(post_rq(qp, d.sge(0, 256), 77) == 0);
+	std::printf("%u\n", qp->qp_num);
+	std::string line;
+	NEED(read_line(line));
+	struct ibv_wc wc;
+	int n = 0;
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		if (wc.status == IBV_WC_SUCCESS && wc.wr_id == 77)
+			n++;
+	std::printf("got %d %.5s\n", n, d.buf.data() + 40);
+	ibv_detach_mcast(qp, &mgid, 0xc007);
+	return 0;
+}
+
+struct Peer {
+	pid_t pid = -1;
+	FILE *to = nullptr, *from = nullptr;
+	explicit Peer(const char *mode)
+	{
+		int in[2], out[2];
+		REQUIRE(pipe(in) == 0);
+		REQUIRE(pipe(out) == 0);
+		pid = fork();
+		REQUIRE(pid >= 0);
+		if (pid == 0) {
+			dup2(in[0], 0);
+			dup2(out[1], 1);
+			execl("/proc/self/exe", "unit-udsrq", "--peer", mode, nullptr);
+			_exit(127);
+		}
+		close(in[0]);
+		close(out[1]);
+		to = fdopen(in[1], "w");
+		from = fdopen(out[0], "r");
+		setvbuf(to, nullptr, _IOLBF, 0);
+	}
+	std::string line(int ms = 5000)
+	{
+		struct pollfd p = {fileno(from), POLLIN, 0};
+		if (poll(&p, 1, ms) != 1)
+			return "timeout";
+		char b[256];
+		return fgets(b, sizeof(b), from) ? std::string(b) : "eof";
+	}
+	void send(const std::string &s) { std::fprintf(to, "%s\n", s.c_str()); }
+	~Peer()
+	{
+		if (pid > 0) {
+			kill(pid, SIGKILL);
+			waitpid(pid, nullptr, 0);
+		}
+		if (to)
+			fclose(to);
+		if (from)
+			fclose(from);
+	}
+};
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && std::strcmp(argv[1], "--peer") == 0) {
+		in_peer = true;
+		setvbuf(stdout, nullptr, _IOLBF, 0);
+		if (!std::strcmp(argv[2], "xrc"))
+			return peer_xrc();
+		if (!std::strcmp(argv[2], "mcast"))
+			return peer_mcast();
+		return 2;
+	}
+	return Catch::Session().run(argc, argv);
+}
+
+/* ---- SRQ ---- */
+
+struct SrqPair {
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+	struct ibv_srq *srq = nullptr;
+	struct ibv_qp *r[2] = {}, *s[2] = {};
+	SrqPair()
+	{
+		struct ibv_srq_init_attr sa{};
+		sa.attr.max_wr = 8;
+		sa.attr.max_sge = 1;
+		srq = ibv_create_srq(d.pd, &sa);
+		REQUIRE(srq);
+		for (int i = 0; i < 2; i++) {
+			r[i] = make_qp(d, cq, IBV_QPT_RC, srq);
+			s[i] = make_qp(d, cq, IBV_QPT_RC);
+			REQUIRE((r[i] && s[i]));
+		}
+		for (int i = 0; i < 2; i++) {
+			REQUIRE(to_rts(r[i], IBV_QPT_RC, s[i]->qp_num, d.port.lid) == 0);
+			REQUIRE(to_rts(s[i], IBV_QPT_RC, r[i]->qp_num, d.port.lid) == 0);
+		}
+	}
+	~SrqPair()
+	{
+		for (int i = 0; i < 2; i++) {
+			ibv_destroy_qp(r[i]);
+			ibv_destroy_qp(s[i]);
+		}
+		ibv_destroy_srq(srq);
+		ibv_destroy_cq(cq);
+	}
+};
+
+TEST_CASE("an SRQ feeds several QPs; post_srq_recv checks sges and room", "[srq]")
+{
+	SrqPair p;
+	struct ibv_srq_attr at{};
+	REQUIRE(ibv_query_srq(p.srq, &at) == 0);
+	for (uint32_t i = 0; i < at.max_wr; i++)
+		REQUIRE(post_srq(p.srq, p.d.sge(1024 + i * 64, 64), 100 + i) == 0);
+	/* Full: ENOMEM and bad_wr names the WR. */
+	struct ibv_sge sg = p.d.sge(0, 8);
+	struct ibv_recv_wr wr{}, *bad = nullptr;
+	wr.sg_list = &sg;
+	wr.num_sge = 1;
+	CHECK(ibv_post_srq_recv(p.srq, &wr, &bad) == ENOMEM);
+	CHECK(bad == &wr);
+	wr.num_sge = int(at.max_sge) + 1;
+	bad = nullptr;
+	CHECK(ibv_post_srq_recv(p.srq, &wr, &bad) == EINVAL);
+	CHECK(bad == &wr);
+
+	std::memcpy(p.d.buf.data(), "srq-data", 8);
+	REQUIRE(send(p.s[0], p.d.sge(0, 8), 1) == 0);
+	REQUIRE(send(p.s[1], p.d.sge(0, 8), 2) == 0);
+	REQUIRE(send(p.s[0], p.d.sge(0, 8), 3) == 0);
+	int recvs[2] = {0, 0};
+	std::vector<uint64_t> ids;
+	for (int i = 0; i < 6; i++) {
+		struct ibv_wc wc;
+		REQUIRE(poll_one(p.cq, wc) == 1);
+		REQUIRE(wc.status == IBV_WC_SUCCESS);
+		if (wc.opcode == IBV_WC_RECV) {
+			recvs[wc.qp_num == p.r[1]->qp_num]++;
+			ids.push_back(wc.wr_id);
+		}
+	}
+	CHECK(recvs[0] == 2);
+	CHECK(recvs[1] == 1);
+	CHECK(ids == std::vector<uint64_t>{100, 101, 102}); /* in posting order */
+	CHECK(std::memcmp(p.d.buf.data() + 1024 + 64, "srq-data", 8) == 0);
+}
+
+TEST_CASE("srq_limit raises SRQ_LIMIT_REACHED once", "[srq]")
+{
+	SrqPair p;
+	for (int i = 0; i < 4; i++)
+		REQUIRE(post_srq(p.srq, p.d.sge(1024 + i * 64, 64), i) == 0);
+	struct ibv_srq_attr at{};
+	at.srq_limit = 3;
+	REQUIRE(ibv_modify_srq(p.srq, &at, IBV_SRQ_LIMIT) == 0);
+	REQUIRE(send(p.s[0], p.d.sge(0, 8), 1) == 0); /* 3 left: not below */
+	CHECK_FALSE(wait_async(p.d.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, p.srq, 100));
+	REQUIRE(send(p.s[1], p.d.sge(0, 8), 2) == 0); /* 2 left: fires */
+	CHECK(wait_async(p.d.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, p.srq));
+	REQUIRE(ibv_query_srq(p.srq, &at) == 0);
+	CHECK(at.srq_limit == 0); /* disarmed */
+	REQUIRE(send(p.s[1], p.d.sge(0, 8), 3) == 0);
+	CHECK_FALSE(wait_async(p.d.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, p.srq, 100));
+}
+
+TEST_CASE("a QP on an SRQ entering ERR reports LAST_WQE_REACHED and flushes no SRQ WQE", "[srq]")
+{
+	SrqPair p;
+	for (int i = 0; i < 2; i++)
+		REQUIRE(post_srq(p.srq, p.d.sge(1024 + i * 64, 64), 10 + i) == 0);
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_ERR;
+	REQUIRE(ibv_modify_qp(p.r[0], &a, IBV_QP_STATE) == 0);
+	CHECK(wait_async(p.d.ctx, IBV_EVENT_QP_LAST_WQE_REACHED, p.r[0]));
+	struct ibv_wc wc;
+	CHECK(poll_one(p.cq, wc, 50) == 0); /* nothing flushed */
+	/* The other QP still receives both WQEs. */
+	REQUIRE(send(p.s[1], p.d.sge(0, 8), 1) == 0);
+	REQUIRE(send(p.s[1], p.d.sge(0, 8), 2) == 0);
+	int recvs = 0;
+	for (int i = 0; i < 4; i++) {
+		REQUIRE(poll_one(p.cq, wc) == 1);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		recvs += wc.opcode == IBV_WC_RECV && wc.qp_num == p.r[1]->qp_num;
+	}
+	CHECK(recvs == 2);
+}
+
+/* ---- XRC ---- */
+
+TEST_CASE("XRC_SEND reaches an XRC SRQ in another process through its XRC_RECV QP", "[xrc]")
+{
+	Peer peer("xrc");
+	unsigned rqpn = 0, srqn = 0, lid = 0;
+	std::string l = peer.line();
+	REQUIRE(std::sscanf(l.c_str(), "%u %u %u", &rqpn, &srqn, &lid) == 3);
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_qp_init_attr_ex qa{};
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	qa.send_cq = cq;
+	qa.recv_cq = cq;
+	qa.cap.max_send_wr = 8;
+	qa.cap.max_send_sge = 1;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qa.pd = d.pd;
+	struct ibv_qp *qp = ibv_create_qp_ex(d.ctx, &qa);
+	REQUIRE(qp);
+	peer.send(std::to_string(qp->qp_num));
+	REQUIRE(peer.line() == "ready\n");
+	REQUIRE(to_rts(qp, IBV_QPT_XRC_SEND, rqpn, uint16_t(lid)) == 0);
+	std::memcpy(d.buf.data(), "xrc-msg!", 8);
+	REQUIRE(send(qp, d.sge(0, 8), 1, nullptr, 0, 0, srqn) == 0);
+	struct ibv_wc wc;
+	REQUIRE(poll_one(cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	/* A number that names no SRQ: the responder refuses the request. */
+	REQUIRE(send(qp, d.sge(0, 8), 2, nullptr, 0, 0, srqn + 1000) == 0);
+	REQUIRE(poll_one(cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_REM_INV_REQ_ERR);
+	peer.send("check");
+	CHECK(peer.line() == "wc 0 " + std::to_string(rqpn) + " 500 8 xrc-msg!\n");
+	CHECK(peer.line() == "done\n");
+	ibv_destroy_qp(qp);
+	ibv_destroy_cq(cq);
+}
+
+/* ---- UD ---- */
+
+struct UdPair {
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+	struct ibv_qp *a = make_qp(d, cq, IBV_QPT_UD), *b = make_qp(d, cq, IBV_QPT_UD);
+	UdPair()
+	{
+		REQUIRE((a && b));
+		REQUIRE(to_rts(a, IBV_QPT_UD) == 0);
+		REQUIRE(to_rts(b, IBV_QPT_UD) == 0);
+	}
+	~UdPair()
+	{
+		ibv_destroy_qp(a);
+		ibv_destroy_qp(b);
+		ibv_destroy_cq(cq);
+	}
+	struct ibv_ah *ah(bool global)
+	{
+		struct ibv_ah_attr at{};
+		at.dlid = d.port.lid;
+		at.port_num = 1;
+		at.sl = 3;
+		if (global) {
+			at.is_global = 1;
+			at.grh.hop_limit = 9;
+			at.grh.traffic_class = 5;
+			at.grh.flow_label = 0x123;
+			ibv_query_gid(d.ctx, 1, 0, &at.grh.dgid);
+		}
+		return ibv_create_ah(d.pd, &at);
+	}
+};
+
+TEST_CASE("UD without and with a GRH; the GRH parses back into the AH", "[ud]")
+{
+	UdPair p;
+	std::memset(p.d.buf.data() + 4096, 0xee, 256);
+	REQUIRE(post_rq(p.b, p.d.sge(4096, 128), 1) == 0);
+	REQUIRE(post_rq(p.b, p.d.sge(8192, 128), 2) == 0);
+	std::memcpy(p.d.buf.data(), "ud-hello", 8);
+	struct ibv_ah *plain = p.ah(false), *global = p.ah(true);
+	REQUIRE((plain && global));
+	REQUIRE(send(p.a, p.d.sge(0, 8), 10, plain, p.b->qp_num) == 0);
+	/* remote_qkey with the high bit: the QP's own qkey is used. */
+	REQUIRE(send(p.a, p.d.sge(0, 8), 11, global, p.b->qp_num, 0x80000000u) == 0);
+	std::vector<struct ibv_wc> recv;
+	for (int i = 0; i < 4; i++) {
+		struct ibv_wc wc;
+		REQUIRE(poll_one(p.cq, wc) == 1);
+		REQUIRE(wc.status == IBV_WC_SUCCESS);
+		if (wc.opcode == IBV_WC_RECV)
+			recv.push_back(wc);
+	}
+	REQUIRE(recv.size() == 2);
+	CHECK(recv[0].wr_id == 1);
+	CHECK(recv[0].byte_len == 48);
+	CHECK(recv[0].src_qp == p.a->qp_num);
+	CHECK(recv[0].slid == p.d.port.lid);
+	CHECK(recv[0].sl == 3);
+	CHECK(!(recv[0].wc_flags & IBV_WC_GRH));
+	CHECK(uint8_t(p.d.buf[4096]) == 0xee); /* no GRH: untouched */
+	CHECK(std::memcmp(p.d.buf.data() + 4096 + 40, "ud-hello", 8) == 0);
+	CHECK((recv[1].wc_flags & IBV_WC_GRH));
+	auto *grh = reinterpret_cast<struct ibv_grh *>(p.d.buf.data() + 8192);
+	CHECK(grh->next_hdr == 0x1b);
+	CHECK(grh->hop_limit == 9);
+	struct ibv_ah_attr back{};
+	REQUIRE(ibv_init_ah_from_wc(p.d.ctx, 1, &recv[1], grh, &back) == 0);
+	CHECK(back.is_global == 1);
+	CHECK(back.dlid == p.d.port.lid);
+	CHECK(back.sl == 3);
+	CHECK(back.grh.hop_limit == 9);
+	CHECK(back.grh.traffic_class == 5);
+	CHECK(back.grh.flow_label == 0x123);
+	union ibv_gid own;
+	ibv_query_gid(p.d.ctx, 1, 0, &own);
+	CHECK(std::memcmp(back.grh.dgid.raw, own.raw, 16) == 0);
+	ibv_destroy_ah(plain);
+	ibv_destroy_ah(global);
+}
+
+TEST_CASE("UD: a qkey mismatch drops silently; a message over the MTU fails locally", "[ud]")
+{
+	UdPair p;
+	REQUIRE(post_rq(p.b, p.d.sge(8192, 8192), 1) == 0);
+	struct ibv_ah *ah = p.ah(false);
+	REQUIRE(send(p.a, p.d.sge(0, 8), 10, ah, p.b->qp_num, 0x2222) == 0);
+	struct ibv_wc wc;
+	REQUIRE(poll_one(p.cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.wr_id == 10);
+	CHECK(poll_one(p.cq, wc, 50) == 0); /* nothing received */
+	uint32_t mtu = 128u << p.d.port.active_mtu;
+	REQUIRE(send(p.a, p.d.sge(0, mtu), 11, ah, p.b->qp_num) == 0);
+	/* Exactly the MTU passes: the receive completion, then the send's. */
+	REQUIRE(poll_one(p.cq, wc) == 1);
+	CHECK(wc.opcode == IBV_WC_RECV);
+	CHECK(wc.byte_len == mtu + 40);
+	REQUIRE(poll_one(p.cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.wr_id == 11);
+	REQUIRE(send(p.a, p.d.sge(0, mtu + 1), 12, ah, p.b->qp_num) == 0);
+	REQUIRE(poll_one(p.cq, wc) == 1);
+	CHECK(wc.wr_id == 12);
+	CHECK(wc.status == IBV_WC_LOC_LEN_ERR);
+	ibv_destroy_ah(ah);
+}
+
+TEST_CASE("UD multicast reaches every attached QP, in this process and another", "[ud]")
+{
+	Peer peer("mcast");
+	unsigned peer_qpn = 0;
+	REQUIRE(std::sscanf(peer.line().c_str(), "%u", &peer_qpn) == 1);
+	UdPair p;
+	union ibv_gid mgid{};
+	mgid.raw[0] = 0xff;
+	mgid.raw[15] = 7;
+	REQUIRE(ibv_attach_mcast(p.b, &mgid, 0xc007) == 0);
+	REQUIRE(post_rq(p.b, p.d.sge(4096, 256), 1) == 0);
+	REQUIRE(post_rq(p.a, p.d.sge(8192, 256), 2) == 0);
+	struct ibv_ah_attr at{};
+	at.dlid = 0xc007;
+	at.port_num = 1;
+	at.is_global = 1;
+	at.grh.dgid = mgid;
+	struct ibv_ah *ah = ibv_create_ah(p.d.pd, &at);
+	REQUIRE(ah);
+	std::memcpy(p.d.buf.data(), "mcast", 5);
+	REQUIRE(send(p.a, p.d.sge(0, 5), 10, ah, 0xffffff) == 0);
+	int got_b = 0, got_a = 0;
+	struct ibv_wc wc;
+	while (poll_one(p.cq, wc, 100) == 1) {
+		got_b += wc.opcode == IBV_WC_RECV && wc.qp_num == p.b->qp_num;
+		got_a += wc.opcode == IBV_WC_RECV && wc.qp_num == p.a->qp_num;
+	}
+	CHECK(got_b == 1);
+	CHECK(got_a == 0); /* the sender is not attached: no loopback */
+	peer.send("check");
+	CHECK(peer.line() == "got 1 mcast\n");
+	REQUIRE(ibv_detach_mcast(p.b, &mgid, 0xc007) == 0);
+	ibv_destroy_ah(ah);
+}
