@@ -97,12 +97,25 @@ void fill_entry(shm::CqEntry &e, const Completion &c)
 	e.solicited = c.solicited;
 }
 
+/* The ring stores CLOCK_MONOTONIC ns (the device's raw clock); the wall
+ * clock time of that instant is the realtime clock shifted by the same
+ * distance from now. */
+uint64_t monotonic_to_wallclock(uint64_t mono_ns)
+{
+	struct timespec m, r;
+	clock_gettime(CLOCK_MONOTONIC, &m);
+	clock_gettime(CLOCK_REALTIME, &r);
+	int64_t now_mono = int64_t(m.tv_sec) * 1000000000ll + m.tv_nsec;
+	int64_t now_real = int64_t(r.tv_sec) * 1000000000ll + r.tv_nsec;
+	return uint64_t(now_real - (now_mono - int64_t(mono_ns)));
+}
+
 void read_entry(const shm::CqEntry &e, Completion &c)
 {
 	c = Completion{};
 	c.wc.wr_id = e.wr_id;
 	c.timestamp_ns = e.timestamp_ns;
-	c.wallclock_ns = e.timestamp_ns;
+	c.wallclock_ns = monotonic_to_wallclock(e.timestamp_ns);
 	/* Only values the enums know leave the ring (a peer wrote them). */
 	c.wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
 							    : IBV_WC_GENERAL_ERR;
