@@ -161,6 +161,10 @@ int deliver_completion(Cq &cq, const Completion &c);
  */
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
 		    bool *overrun_now = nullptr);
+/* The consumer side (the owner, under its CQ lock): takes the oldest
+ * published completion; skips slots whose producer died holding them.
+ * false when there is none ready. */
+bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out);
 /* Slot bytes of a ring holding `capacity` completions. */
 uint64_t cq_ring_bytes(uint32_t capacity);
 
