@@ -614,6 +614,55 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	return n;
 }
 
+int cq_clean(Cq &cq, uint32_t qp_num)
+{
+	std::lock_guard guard(cq.lock);
+	if (!cq.ring)
+		return 0;
+	shm::CqRing &ring = *cq.ring;
+	const uint32_t cap = cq.capacity;
+	const unsigned lg = log2_of(cap);
+	/* The published prefix [cons, end): slots in it are the consumer's
+	 * (producers only claim free slots), so they can be rewritten in
+	 * place. Completions still being written are left alone. */
+	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
+	const uint64_t prod = ring.prod.load(std::memory_order_acquire);
+	std::vector<Completion> kept;
+	uint64_t end = cons;
+	int removed = 0;
+	for (; end != prod; end++) {
+		shm::CqEntry *e = slot_at(ring, cap, end);
+		if (e->state.load(std::memory_order_acquire) !=
+		    (shm::cq_slot_ready | shm::cq_slot_tag(end, lg)))
+			break;
+		Completion c;
+		read_entry(*e, c);
+		if (c.wc.qp_num != qp_num) {
+			kept.push_back(c);
+		} else {
+			removed++;
+			if (counts_as_solicited(c))
+				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
+		}
+	}
+	if (!removed)
+		return 0;
+	/* The kept ones move to the end of the prefix, in order; the slots
+	 * before them are consumed. */
+	const uint64_t first = end - kept.size();
+	for (size_t i = 0; i < kept.size(); i++)
+		fill_entry(*slot_at(ring, cap, first + i), kept[i]);
+	for (uint64_t i = cons; i < first; i++)
+		slot_at(ring, cap, i)->state.store(shm::cq_slot_free | shm::cq_slot_tag(i + cap, lg),
+						   std::memory_order_release);
+	for (size_t i = 0; i < kept.size(); i++)
+		slot_at(ring, cap, first + i)->state.store(
+			shm::cq_slot_ready | shm::cq_slot_tag(first + i, lg), std::memory_order_relaxed);
+	/* Pairs with the producers' acquire load of cons. */
+	ring.cons.store(first, std::memory_order_release);
+	return removed;
+}
+
 int req_notify_cq(Cq &cq, int solicited_only)
 {
 	shm::CqRing &ring = *cq.ring;

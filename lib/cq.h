@@ -139,6 +139,10 @@ int destroy_cq(Cq &cq);
 /* ibv_poll_cq(): the number of completions returned, or a negative errno. */
 int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc);
 int req_notify_cq(Cq &cq, int solicited_only);
+/* Drops the unpolled completions of one QP (a QP moved to RESET), as
+ * libmlx5's mlx5_cq_clean(); the others keep their order. Returns how many
+ * were dropped. */
+int cq_clean(Cq &cq, uint32_t qp_num);
 int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
 
 /*

@@ -329,17 +329,24 @@ void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
 
 void QpEngine::reset()
 {
-	std::lock_guard guard(sq_lock_);
-	snapshot_attr();
-	state_.store(IBV_QPS_RESET);
-	if (desc_)
-		desc_->state.store(IBV_QPS_RESET, std::memory_order_release);
-	sq_.clear();
-	if (rq_) {
-		std::lock_guard rq_guard(rq_lock_);
-		rq_->head.store(rq_->tail.load());
+	{
+		std::lock_guard guard(sq_lock_);
+		snapshot_attr();
+		state_.store(IBV_QPS_RESET);
+		if (desc_)
+			desc_->state.store(IBV_QPS_RESET, std::memory_order_release);
+		sq_.clear();
+		if (rq_) {
+			std::lock_guard rq_guard(rq_lock_);
+			rq_->head.store(rq_->tail.load());
+		}
 	}
-	/* TODO: drop this QP's completions from its CQs (mlx5_cq_clean). */
+	/* Its completions go too (mlx5_cq_clean); outside sq_lock_, which a
+	 * poller holding the CQ lock may try to take. */
+	if (recv_cq_)
+		cq_clean(*recv_cq_, qpn_);
+	if (send_cq_ && send_cq_ != recv_cq_)
+		cq_clean(*send_cq_, qpn_);
 }
 
 void QpEngine::flush()
