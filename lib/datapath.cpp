@@ -584,10 +584,11 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		return Outcome::Fatal;
 	};
 
-	/* LOCAL_INV applies to memory windows and fast-registration MRs only;
-	 * this device has neither (ibv_alloc_mw is EOPNOTSUPP), and an MR of
-	 * ibv_reg_mr() is not invalidatable: a local operation error, as
-	 * rxe reports it (docs/verbs.md). */
+	/* LOCAL_INV applies to bound memory windows and fast-registration MRs
+	 * only; this device has neither (binding is EOPNOTSUPP), and an MR of
+	 * ibv_reg_mr() is not invalidatable: a local operation error, as rxe
+	 * reports it (docs/verbs.md). BIND_MW through ibv_post_send lands
+	 * here too. */
 	if (wr.opcode == IBV_WR_LOCAL_INV || wr.opcode == IBV_WR_BIND_MW)
 		return fail(IBV_WC_LOC_QP_OP_ERR);
 

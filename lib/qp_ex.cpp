@@ -184,7 +184,7 @@ void wr_local_inv(struct ibv_qp_ex *q, uint32_t invalidate_rkey)
 		w->imm_data = invalidate_rkey;
 }
 
-/* Memory windows cannot exist on this device (ibv_alloc_mw: EOPNOTSUPP). */
+/* Memory windows are never bound on this device (ibv_bind_mw: EOPNOTSUPP). */
 void wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *, uint32_t, const struct ibv_mw_bind_info *)
 {
 	if (QpExBatch *b = batch_of(q))
