@@ -97,12 +97,24 @@ void fill_entry(shm::CqEntry &e, const Completion &c)
 	e.solicited = c.solicited;
 }
 
+/* The ring stores CLOCK_MONOTONIC ns (the device's raw clock); the wall
+ * clock time of that instant is the realtime clock shifted by the same
+ * distance from now. */
+uint64_t monotonic_to_wallclock(uint64_t mono_ns)
+{
+	struct timespec m, r;
+	clock_gettime(CLOCK_MONOTONIC, &m);
+	clock_gettime(CLOCK_REALTIME, &r);
+	int64_t now_mono = int64_t(m.tv_sec) * 1000000000ll + m.tv_nsec;
+	int64_t now_real = int64_t(r.tv_sec) * 1000000000ll + r.tv_nsec;
+	return uint64_t(now_real - (now_mono - int64_t(mono_ns)));
+}
+
 void read_entry(const shm::CqEntry &e, Completion &c)
 {
 	c = Completion{};
 	c.wc.wr_id = e.wr_id;
 	c.timestamp_ns = e.timestamp_ns;
-	c.wallclock_ns = e.timestamp_ns;
 	/* Only values the enums know leave the ring (a peer wrote them). */
 	c.wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
 							    : IBV_WC_GENERAL_ERR;
@@ -125,35 +137,49 @@ bool pid_dead(uint32_t pid)
 	return pid && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
 }
 
-/* Takes the oldest published completion; caller holds cq.lock. A slot
- * claimed by a producer that died before publishing is skipped. */
-bool pop_completion(Cq &cq, Completion &out)
+unsigned log2_of(uint32_t capacity) { return unsigned(__builtin_ctz(capacity)); }
+
+} // namespace
+
+bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
 {
-	shm::CqRing &ring = *cq.ring;
+	const unsigned lg = log2_of(capacity);
 	for (;;) {
 		uint64_t c = ring.cons.load(std::memory_order_relaxed);
 		if (c == ring.prod.load(std::memory_order_acquire))
 			return false;
-		shm::CqEntry *e = slot_at(ring, cq.capacity, c);
+		shm::CqEntry *e = slot_at(ring, capacity, c);
+		const uint64_t tag = shm::cq_slot_tag(c, lg);
 		/* Pairs with the producer's release store of `ready`. */
 		uint64_t st = e->state.load(std::memory_order_acquire);
-		if (st == (shm::cq_slot_ready | (c & (shm::cq_slot_claimed - 1)))) {
+		bool take = st == (shm::cq_slot_ready | tag);
+		if (take) {
 			read_entry(*e, out);
-			e->state.store(shm::cq_slot_free, std::memory_order_relaxed);
 			if (counts_as_solicited(out))
 				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
-			/* Pairs with the producers' acquire load of cons:
-			 * the slot is free before it can be claimed again. */
-			ring.cons.store(c + 1, std::memory_order_release);
+		} else if (!((st & shm::cq_slot_kind_mask) == shm::cq_slot_claimed &&
+			     (st & shm::cq_slot_tag_mask) == tag &&
+			     pid_dead(uint32_t(st & shm::cq_slot_pid_mask)))) {
+			return false; /* being filled */
+		}
+		/* Free for the next lap. Release: our copy is done before a
+		 * producer's claim (acquire CAS) can see the slot free. */
+		e->state.store(shm::cq_slot_free | shm::cq_slot_tag(c + capacity, lg),
+			       std::memory_order_release);
+		/* Pairs with the producers' acquire load of cons. */
+		ring.cons.store(c + 1, std::memory_order_release);
+		if (take)
 			return true;
-		}
-		if ((st & shm::cq_slot_claimed) && pid_dead(uint32_t(st))) {
-			e->state.store(shm::cq_slot_free, std::memory_order_relaxed);
-			ring.cons.store(c + 1, std::memory_order_release);
-			continue;
-		}
-		return false; /* being filled */
+		/* A dead producer's slot: skipped. */
 	}
+}
+
+namespace {
+
+/* Takes the oldest published completion; caller holds cq.lock. */
+bool pop_completion(Cq &cq, Completion &out)
+{
+	return cq_ring_consume(*cq.ring, cq.capacity, out);
 }
 
 /* Raises IBV_EVENT_CQ_ERR once for an overflow that any producer (maybe in
@@ -250,7 +276,10 @@ uint32_t ex_read_slid(struct ibv_cq_ex *c) { return cur(c).wc.slid; }
 uint8_t ex_read_sl(struct ibv_cq_ex *c) { return cur(c).wc.sl; }
 uint8_t ex_read_dlid_path_bits(struct ibv_cq_ex *c) { return cur(c).wc.dlid_path_bits; }
 uint64_t ex_read_completion_ts(struct ibv_cq_ex *c) { return cur(c).timestamp_ns; }
-uint64_t ex_read_wallclock_ns(struct ibv_cq_ex *c) { return cur(c).wallclock_ns; }
+uint64_t ex_read_wallclock_ns(struct ibv_cq_ex *c)
+{
+	return monotonic_to_wallclock(cur(c).timestamp_ns);
+}
 uint16_t ex_read_cvlan(struct ibv_cq_ex *c) { return cur(c).cvlan; }
 uint32_t ex_read_flow_tag(struct ibv_cq_ex *c) { return cur(c).flow_tag; }
 void ex_read_tm_info(struct ibv_cq_ex *c, struct ibv_wc_tm_info *tm) { *tm = cur(c).tm_info; }
@@ -508,7 +537,7 @@ int resize_cq(Cq &cq, int cqe)
 			fill_entry(*e, c);
 			if (counts_as_solicited(c))
 				fresh->solicited_published.fetch_add(1);
-			e->state.store(shm::cq_slot_ready | n);
+			e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(n, log2_of(capacity)));
 			n++;
 		}
 		fresh->prod.store(n);
@@ -585,6 +614,55 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	return n;
 }
 
+int cq_clean(Cq &cq, uint32_t qp_num)
+{
+	std::lock_guard guard(cq.lock);
+	if (!cq.ring)
+		return 0;
+	shm::CqRing &ring = *cq.ring;
+	const uint32_t cap = cq.capacity;
+	const unsigned lg = log2_of(cap);
+	/* The published prefix [cons, end): slots in it are the consumer's
+	 * (producers only claim free slots), so they can be rewritten in
+	 * place. Completions still being written are left alone. */
+	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
+	const uint64_t prod = ring.prod.load(std::memory_order_acquire);
+	std::vector<Completion> kept;
+	uint64_t end = cons;
+	int removed = 0;
+	for (; end != prod; end++) {
+		shm::CqEntry *e = slot_at(ring, cap, end);
+		if (e->state.load(std::memory_order_acquire) !=
+		    (shm::cq_slot_ready | shm::cq_slot_tag(end, lg)))
+			break;
+		Completion c;
+		read_entry(*e, c);
+		if (c.wc.qp_num != qp_num) {
+			kept.push_back(c);
+		} else {
+			removed++;
+			if (counts_as_solicited(c))
+				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
+		}
+	}
+	if (!removed)
+		return 0;
+	/* The kept ones move to the end of the prefix, in order; the slots
+	 * before them are consumed. */
+	const uint64_t first = end - kept.size();
+	for (size_t i = 0; i < kept.size(); i++)
+		fill_entry(*slot_at(ring, cap, first + i), kept[i]);
+	for (uint64_t i = cons; i < first; i++)
+		slot_at(ring, cap, i)->state.store(shm::cq_slot_free | shm::cq_slot_tag(i + cap, lg),
+						   std::memory_order_release);
+	for (size_t i = 0; i < kept.size(); i++)
+		slot_at(ring, cap, first + i)->state.store(
+			shm::cq_slot_ready | shm::cq_slot_tag(first + i, lg), std::memory_order_relaxed);
+	/* Pairs with the producers' acquire load of cons. */
+	ring.cons.store(first, std::memory_order_release);
+	return removed;
+}
+
 int req_notify_cq(Cq &cq, int solicited_only)
 {
 	shm::CqRing &ring = *cq.ring;
@@ -637,12 +715,16 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 		*overrun_now = false;
 	if (ring.overrun.load(std::memory_order_acquire))
 		return ENOSPC; /* an overrun CQ is in error for good */
-	uint64_t p = ring.prod.load(std::memory_order_seq_cst);
+	const unsigned lg = log2_of(capacity);
+	const uint64_t pid = uint32_t(getpid());
+	uint64_t p;
+	shm::CqEntry *e;
 	for (;;) {
+		p = ring.prod.load(std::memory_order_seq_cst);
 		/* Pairs with the consumer's release store of cons. */
 		uint64_t cons = ring.cons.load(std::memory_order_acquire);
 		uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
-		if (p - cons >= limit) {
+		if (p - cons >= limit && p >= cons) {
 			if (ring.ignore_overrun.load(std::memory_order_relaxed))
 				return ENOSPC;
 			uint32_t zero = 0;
@@ -651,16 +733,29 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 				*overrun_now = first;
 			return ENOSPC;
 		}
-		if (ring.prod.compare_exchange_weak(p, p + 1, std::memory_order_seq_cst))
+		e = slot_at(ring, capacity, p);
+		const uint64_t tag = shm::cq_slot_tag(p, lg);
+		uint64_t st = shm::cq_slot_free | tag;
+		/* The claim carries our pid: if we die from here on, the
+		 * consumer sees who held the slot. Acquire pairs with the
+		 * consumer's release store that freed it. */
+		if (e->state.compare_exchange_strong(st, shm::cq_slot_claimed | tag | pid,
+						     std::memory_order_acq_rel)) {
+			ring.prod.compare_exchange_strong(p, p + 1, std::memory_order_seq_cst);
 			break;
+		}
+		/* Index p is taken: help its claimer move prod on (it may
+		 * have died before doing so), then try the next one. A slot
+		 * of an older lap or a later one means p was stale. */
+		if ((st & shm::cq_slot_tag_mask) == tag && (st & shm::cq_slot_kind_mask) != 0) {
+			uint64_t expected = p;
+			ring.prod.compare_exchange_strong(expected, p + 1, std::memory_order_seq_cst);
+		}
 	}
-	shm::CqEntry *e = slot_at(ring, capacity, p);
-	e->state.store(shm::cq_slot_claimed | uint32_t(getpid()), std::memory_order_relaxed);
 	fill_entry(*e, c);
 	bool sol = counts_as_solicited(c);
 	/* Pairs with the consumer's acquire load of the state. */
-	e->state.store(shm::cq_slot_ready | (p & (shm::cq_slot_claimed - 1)),
-		       std::memory_order_seq_cst);
+	e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(p, lg), std::memory_order_seq_cst);
 	if (sol)
 		ring.solicited_published.fetch_add(1, std::memory_order_seq_cst);
 	maybe_fire(ring, sol, channel_fd);

@@ -139,6 +139,10 @@ int destroy_cq(Cq &cq);
 /* ibv_poll_cq(): the number of completions returned, or a negative errno. */
 int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc);
 int req_notify_cq(Cq &cq, int solicited_only);
+/* Drops the unpolled completions of one QP (a QP moved to RESET), as
+ * libmlx5's mlx5_cq_clean(); the others keep their order. Returns how many
+ * were dropped. */
+int cq_clean(Cq &cq, uint32_t qp_num);
 int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
 
 /*
@@ -161,6 +165,10 @@ int deliver_completion(Cq &cq, const Completion &c);
  */
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
 		    bool *overrun_now = nullptr);
+/* The consumer side (the owner, under its CQ lock): takes the oldest
+ * published completion; skips slots whose producer died holding them.
+ * false when there is none ready. */
+bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out);
 /* Slot bytes of a ring holding `capacity` completions. */
 uint64_t cq_ring_bytes(uint32_t capacity);
 

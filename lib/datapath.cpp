@@ -196,6 +196,10 @@ enum ibv_wc_opcode send_wc_opcode(enum ibv_wr_opcode op)
 		return IBV_WC_COMP_SWAP;
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
 		return IBV_WC_FETCH_ADD;
+	case IBV_WR_LOCAL_INV:
+		return IBV_WC_LOCAL_INV;
+	case IBV_WR_BIND_MW:
+		return IBV_WC_BIND_MW;
 	default:
 		return IBV_WC_SEND;
 	}
@@ -209,6 +213,8 @@ bool opcode_allowed(enum ibv_qp_type type, int op)
 		return true;
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_SEND_WITH_INV:
+	case IBV_WR_LOCAL_INV:
 		return type != IBV_QPT_UD;
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -338,17 +344,24 @@ void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
 
 void QpEngine::reset()
 {
-	std::lock_guard guard(sq_lock_);
-	snapshot_attr();
-	state_.store(IBV_QPS_RESET);
-	if (desc_)
-		desc_->state.store(IBV_QPS_RESET, std::memory_order_release);
-	sq_.clear();
-	if (rq_) {
-		std::lock_guard rq_guard(rq_lock_);
-		rq_->head.store(rq_->tail.load());
+	{
+		std::lock_guard guard(sq_lock_);
+		snapshot_attr();
+		state_.store(IBV_QPS_RESET);
+		if (desc_)
+			desc_->state.store(IBV_QPS_RESET, std::memory_order_release);
+		sq_.clear();
+		if (rq_) {
+			std::lock_guard rq_guard(rq_lock_);
+			rq_->head.store(rq_->tail.load());
+		}
 	}
-	/* TODO: drop this QP's completions from its CQs (mlx5_cq_clean). */
+	/* Its completions go too (mlx5_cq_clean); outside sq_lock_, which a
+	 * poller holding the CQ lock may try to take. */
+	if (recv_cq_)
+		cq_clean(*recv_cq_, qpn_);
+	if (send_cq_ && send_cq_ != recv_cq_)
+		cq_clean(*send_cq_, qpn_);
 }
 
 void QpEngine::flush()
@@ -519,6 +532,27 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 	return err;
 }
 
+int QpEngine::submit(std::vector<SendWr> &batch)
+{
+	int st = state_.load();
+	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
+	    type_ == IBV_QPT_XRC_RECV)
+		return EINVAL;
+	{
+		std::lock_guard guard(sq_lock_);
+		if (sq_.size() + batch.size() > qp_.core->caps.created.max_send_wr)
+			return ENOMEM;
+		for (SendWr &w : batch)
+			sq_.push_back(std::move(w));
+		if (state_.load() == IBV_QPS_ERR)
+			flush_locked();
+	}
+	batch.clear();
+	if (progress())
+		progress_kick();
+	return 0;
+}
+
 /* ---- Execution ---- */
 
 void QpEngine::complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc)
@@ -579,6 +613,14 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		wc.status = s;
 		return Outcome::Fatal;
 	};
+
+	/* LOCAL_INV applies to bound memory windows and fast-registration MRs
+	 * only; this device has neither (binding is EOPNOTSUPP), and an MR of
+	 * ibv_reg_mr() is not invalidatable: a local operation error, as rxe
+	 * reports it (docs/verbs.md). BIND_MW through ibv_post_send lands
+	 * here too. */
+	if (wr.opcode == IBV_WR_LOCAL_INV || wr.opcode == IBV_WR_BIND_MW)
+		return fail(IBV_WC_LOC_QP_OP_ERR);
 
 	/* The local side first: gather (or scatter, for READ/atomics). */
 	std::vector<struct iovec> local;
@@ -819,6 +861,12 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		if (wr.opcode == IBV_WR_SEND_WITH_IMM) {
 			rc.wc.imm_data = wr.imm_data;
 			rc.wc.wc_flags = IBV_WC_WITH_IMM;
+		} else if (wr.opcode == IBV_WR_SEND_WITH_INV) {
+			/* invalidated_rkey shares imm_data's place (host
+			 * order). The named key is reported, not revoked: no
+			 * key of this device is invalidatable (LOCAL_INV). */
+			rc.wc.imm_data = wr.imm_data;
+			rc.wc.wc_flags = IBV_WC_WITH_INV;
 		}
 		rc.wc.byte_len = uint32_t(length + skip);
 		enum ibv_wc_status sender = IBV_WC_SUCCESS;

@@ -63,6 +63,16 @@ struct SendWr {
 	bool peer_dead = false;
 };
 
+/* The ibv_qp_ex batch of a QP (lib/qp_ex.cpp): the WRs built between
+ * ibv_wr_start() and ibv_wr_complete(); `lock` is held from start to
+ * complete/abort, as libmlx5 holds its SQ lock. `err` latches the first
+ * builder error, returned by wr_complete (which then posts nothing). */
+struct QpExBatch {
+	std::mutex lock;
+	std::vector<SendWr> wrs;
+	int err = 0;
+};
+
 class QpEngine final : public QpDataPath {
 public:
 	explicit QpEngine(Qp &qp);
@@ -75,6 +85,12 @@ public:
 
 	int post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 	int post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+	/* Appends a whole batch of built WRs (ibv_qp_ex) or nothing: EINVAL in
+	 * a state that does not allow posting, ENOMEM when the send queue
+	 * cannot take all of them. Empties `batch` on success. */
+	int submit(std::vector<SendWr> &batch);
+
+	QpExBatch wr_batch;
 
 	/* Executes what can be executed. Returns true when WRs remain queued
 	 * (the progress thread comes back). Any thread. */

@@ -678,6 +678,8 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &request, int attr_mask)
 	core.attr = updated;
 	if (next != actual || next == IBV_QPS_ERR)
 		enter_state(qp, actual, next);
+	else if (core.data_path)
+		core.data_path->state_changed(actual, next); /* new attributes, same state */
 	if (actual == IBV_QPS_RTS && next == IBV_QPS_SQD && (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) &&
 	    attr.en_sqd_async_notify)
 		post_event_locked(core, IBV_EVENT_SQ_DRAINED);

@@ -153,12 +153,15 @@ constexpr uint64_t rq_slots_offset = 128;
  * with fixed widths plus what the ibv_cq_ex readers can report.
  */
 struct CqEntry {
-	/* Slot state:
-	 *   0                  free
-	 *   claimed | pid      a producer owns it and is filling it
-	 *   ready  | seq low   published, for the consumer at index seq
-	 * The producer publishes with a release store; the consumer reads it
-	 * acquire and frees the slot (release) after copying. */
+	/* Slot state (cq_slot_* below), for ring index i of lap L = i / capacity:
+	 *   free    | tag(L)        the slot takes index i next (zeroed memory
+	 *                           is free for lap 0)
+	 *   claimed | tag(L) | pid  a producer owns index i and is filling it
+	 *   ready   | tag(L)        published, for the consumer at index i
+	 * The claim itself is a CAS free|tag -> claimed|tag|pid, so no index
+	 * is ever reserved without its producer's pid on it. The producer
+	 * publishes with a release store; the consumer reads it acquire and
+	 * frees the slot for the next lap (release) after copying. */
 	std::atomic<uint64_t> state;
 	uint64_t wr_id;
 	uint64_t timestamp_ns;
@@ -182,6 +185,14 @@ static_assert(sizeof(CqEntry) == 72);
 constexpr uint64_t cq_slot_free = 0;
 constexpr uint64_t cq_slot_claimed = 1ull << 62;
 constexpr uint64_t cq_slot_ready = 1ull << 63;
+constexpr uint64_t cq_slot_kind_mask = 3ull << 62;
+constexpr uint64_t cq_slot_tag_mask = ((1ull << 30) - 1) << 32;
+constexpr uint64_t cq_slot_pid_mask = 0xffffffffull;
+/* The lap tag of ring index `index` in a ring of 2^`capacity_log2` slots. */
+constexpr uint64_t cq_slot_tag(uint64_t index, unsigned capacity_log2)
+{
+	return ((index >> capacity_log2) << 32) & cq_slot_tag_mask;
+}
 
 constexpr uint32_t cq_magic = 0x51435143; /* "CQCQ" */
 
@@ -191,11 +202,15 @@ enum CqArmWord : uint32_t { cq_arm_none = 0, cq_arm_solicited = 1, cq_arm_next =
  * A CQ's ring: multi-producer (the owner's own send completions and any
  * process's receive completions), single consumer (the owner, under its
  * in-process CQ lock).
- *   producer: p = prod; if p - cons >= limit: overrun; CAS prod p -> p+1;
- *             slot[p].state = claimed|pid; fill; state = ready|p (release)
- *   consumer: slot[cons].state (acquire) == ready|cons: copy; state = 0;
- *             cons = cons + 1 (release)
- * A slot claimed by a pid that no longer exists is skipped by the consumer.
+ *   producer: p = prod; if p - cons >= limit: overrun;
+ *             CAS slot[p].state free|tag(p) -> claimed|tag(p)|pid (else: the
+ *             slot is taken for p, help CAS prod p -> p+1, or p is stale:
+ *             retry); CAS prod p -> p+1; fill; state = ready|tag(p) (release)
+ *   consumer: slot[cons].state (acquire) == ready|tag(cons): copy;
+ *             state = free|tag(cons + capacity) (release); cons + 1 (release)
+ * prod passes an index only after its slot was claimed, so a producer that
+ * dies at any point leaves its pid behind: the consumer skips a slot
+ * claimed by a pid that no longer exists.
  * Arming is a word here so that a producer in any process can disarm and
  * fire: it CASes `arm` to none and, if it won, bumps `fired` and then writes
  * one token to the channel's eventfd. The owner's channel code takes one

@@ -13,6 +13,7 @@
 
 #include "qp.h"
 #include "datapath.h"
+#include "qp_ex.h"
 
 #include <infiniband/verbs.h>
 
@@ -23,73 +24,10 @@ using namespace shmverbs::abi;
 
 namespace {
 
-/*
- * The ibv_wr_* entry points of a QP created with send_ops_flags. Work
- * requests are the data path's (a later issue); until it installs its own,
- * building one does nothing and ibv_wr_complete() reports EOPNOTSUPP. Only
- * the operations the QP type supports get an entry, as with libmlx5.
- */
-namespace wr {
-void start(struct ibv_qp_ex *) {}
-int complete(struct ibv_qp_ex *) { return EOPNOTSUPP; }
-void abort(struct ibv_qp_ex *) {}
-void send(struct ibv_qp_ex *) {}
-void send_imm(struct ibv_qp_ex *, __be32) {}
-void send_inv(struct ibv_qp_ex *, uint32_t) {}
-void rdma_write(struct ibv_qp_ex *, uint32_t, uint64_t) {}
-void rdma_write_imm(struct ibv_qp_ex *, uint32_t, uint64_t, __be32) {}
-void rdma_read(struct ibv_qp_ex *, uint32_t, uint64_t) {}
-void atomic_cmp_swp(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t, uint64_t) {}
-void atomic_fetch_add(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t) {}
-void bind_mw(struct ibv_qp_ex *, struct ibv_mw *, uint32_t, const struct ibv_mw_bind_info *) {}
-void local_inv(struct ibv_qp_ex *, uint32_t) {}
-void set_ud_addr(struct ibv_qp_ex *, struct ibv_ah *, uint32_t, uint32_t) {}
-void set_xrc_srqn(struct ibv_qp_ex *, uint32_t) {}
-void set_inline_data(struct ibv_qp_ex *, void *, size_t) {}
-void set_inline_data_list(struct ibv_qp_ex *, size_t, const struct ibv_data_buf *) {}
-void set_sge(struct ibv_qp_ex *, uint32_t, uint64_t, uint32_t) {}
-void set_sge_list(struct ibv_qp_ex *, size_t, const struct ibv_sge *) {}
-} // namespace wr
-
-void install_wr_entry_points(struct ibv_qp_ex &q)
-{
-	q.wr_start = wr::start;
-	q.wr_complete = wr::complete;
-	q.wr_abort = wr::abort;
-	q.wr_send = wr::send;
-	q.wr_send_imm = wr::send_imm;
-	q.wr_set_inline_data = wr::set_inline_data;
-	q.wr_set_inline_data_list = wr::set_inline_data_list;
-	q.wr_set_sge = wr::set_sge;
-	q.wr_set_sge_list = wr::set_sge_list;
-	switch (q.qp_base.qp_type) {
-	case IBV_QPT_RC:
-	case IBV_QPT_XRC_SEND:
-		q.wr_rdma_read = wr::rdma_read;
-		q.wr_atomic_cmp_swp = wr::atomic_cmp_swp;
-		q.wr_atomic_fetch_add = wr::atomic_fetch_add;
-		if (q.qp_base.qp_type == IBV_QPT_XRC_SEND)
-			q.wr_set_xrc_srqn = wr::set_xrc_srqn;
-		[[fallthrough]];
-	case IBV_QPT_UC:
-		q.wr_send_inv = wr::send_inv;
-		q.wr_rdma_write = wr::rdma_write;
-		q.wr_rdma_write_imm = wr::rdma_write_imm;
-		q.wr_bind_mw = wr::bind_mw;
-		q.wr_local_inv = wr::local_inv;
-		break;
-	case IBV_QPT_UD:
-		q.wr_set_ud_addr = wr::set_ud_addr;
-		break;
-	default:
-		break;
-	}
-}
-
 struct ibv_qp *finish_create(Result<Qp> r)
 {
 	if (r && r->has_qp_ex())
-		install_wr_entry_points(r->ibv.qp_ex);
+		install_qp_ex_ops(r->ibv.qp_ex); /* lib/qp_ex.cpp */
 	return to_ptr(r);
 }
 

@@ -551,8 +551,9 @@ TEST_CASE("several threads post and poll on one QP pair", "[datapath]")
 		for (int i = 0; i < per_thread; i++) {
 			while (b.post_recv(i, 0, 64) == ENOMEM)
 				std::this_thread::yield();
-			/* Keep the unpolled send completions within the CQ. */
-			while (i - sent.load() >= 32 && std::chrono::steady_clock::now() < end)
+			/* Keep the unpolled completions within both CQs. */
+			while ((i - sent.load() >= 32 || i - received.load() >= 32) &&
+			       std::chrono::steady_clock::now() < end)
 				std::this_thread::yield();
 			while (post(a, IBV_WR_SEND, 0, 8, 0, 0, i) == ENOMEM)
 				std::this_thread::yield();

@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Two connected QPs in one process (the data path takes the same code path
+ * as across processes). Everything through the public API; every wait is
+ * bounded.
+ */
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <infiniband/verbs.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+namespace loopback {
+
+constexpr size_t buf_size = 8192;
+
+struct Side {
+	struct ibv_comp_channel *ch = nullptr;
+	struct ibv_cq_ex *cqx = nullptr;
+	struct ibv_cq *cq = nullptr;
+	struct ibv_qp *qp = nullptr;
+	struct ibv_qp_ex *qpx = nullptr;
+	struct ibv_mr *mr = nullptr;
+	std::vector<char> buf = std::vector<char>(buf_size);
+
+	char *at(size_t off) { return buf.data() + off; }
+	uint64_t addr(size_t off) { return uint64_t(uintptr_t(buf.data() + off)); }
+};
+
+struct Options {
+	enum ibv_qp_type type = IBV_QPT_RC;
+	uint64_t send_ops = IBV_QP_EX_WITH_SEND;
+	bool channel = false;
+	uint64_t wc_flags = IBV_WC_STANDARD_FLAGS;
+	uint32_t max_send_wr = 16;
+	uint32_t max_send_sge = 2;
+	uint32_t max_inline = 64;
+	int cqe = 64;
+};
+
+struct Pair {
+	struct ibv_context *ctx = nullptr;
+	struct ibv_pd *pd = nullptr;
+	Side a, b;
+	uint16_t lid = 0;
+	Options opt;
+
+	explicit Pair(const Options &o = Options()) : opt(o)
+	{
+		int n = 0;
+		struct ibv_device **list = ibv_get_device_list(&n);
+		REQUIRE((list && n > 0));
+		ctx = ibv_open_device(list[0]);
+		ibv_free_device_list(list);
+		REQUIRE(ctx);
+		pd = ibv_alloc_pd(ctx);
+		REQUIRE(pd);
+		struct ibv_port_attr pa{};
+		REQUIRE(ibv_query_port(ctx, 1, &pa) == 0);
+		lid = pa.lid;
+		make(a);
+		make(b);
+	}
+
+	void make(Side &s)
+	{
+		if (opt.channel)
+			s.ch = ibv_create_comp_channel(ctx);
+		struct ibv_cq_init_attr_ex ca{};
+		ca.cqe = uint32_t(opt.cqe);
+		ca.channel = s.ch;
+		ca.wc_flags = opt.wc_flags;
+		s.cqx = ibv_create_cq_ex(ctx, &ca);
+		REQUIRE(s.cqx);
+		s.cq = ibv_cq_ex_to_cq(s.cqx);
+		struct ibv_qp_init_attr_ex a{};
+		a.send_cq = s.cq;
+		a.recv_cq = s.cq;
+		a.qp_type = opt.type;
+		a.cap.max_send_wr = opt.max_send_wr;
+		a.cap.max_recv_wr = 16;
+		a.cap.max_send_sge = opt.max_send_sge;
+		a.cap.max_recv_sge = 2;
+		a.cap.max_inline_data = opt.max_inline;
+		a.pd = pd;
+		a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+		a.send_ops_flags = opt.send_ops;
+		s.qp = ibv_create_qp_ex(ctx, &a);
+		REQUIRE(s.qp);
+		s.qpx = ibv_qp_to_qp_ex(s.qp);
+		REQUIRE(s.qpx);
+		s.mr = ibv_reg_mr(pd, s.buf.data(), s.buf.size(),
+				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+		REQUIRE(s.mr);
+	}
+
+	/* INIT -> RTR -> RTS toward the other side (UD: no peer). */
+	static int up(Side &s, uint32_t dest, uint16_t lid, enum ibv_qp_type type, int rnr_retry = 7)
+	{
+		struct ibv_qp_attr a{};
+		a.qp_state = IBV_QPS_INIT;
+		a.port_num = 1;
+		int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+		if (type == IBV_QPT_UD) {
+			a.qkey = 0x1234;
+			mask |= IBV_QP_QKEY;
+		} else {
+			a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+					    IBV_ACCESS_REMOTE_ATOMIC;
+			mask |= IBV_QP_ACCESS_FLAGS;
+		}
+		if (int e = ibv_modify_qp(s.qp, &a, mask))
+			return e;
+		a = {};
+		a.qp_state = IBV_QPS_RTR;
+		mask = IBV_QP_STATE;
+		if (type != IBV_QPT_UD) {
+			a.path_mtu = IBV_MTU_1024;
+			a.dest_qp_num = dest;
+			a.ah_attr.dlid = lid;
+			a.ah_attr.port_num = 1;
+			mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+			if (type == IBV_QPT_RC) {
+				a.max_dest_rd_atomic = 1;
+				a.min_rnr_timer = 1;
+				mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+			}
+		}
+		if (int e = ibv_modify_qp(s.qp, &a, mask))
+			return e;
+		a = {};
+		a.qp_state = IBV_QPS_RTS;
+		mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+		if (type == IBV_QPT_RC) {
+			a.timeout = 10;
+			a.retry_cnt = 3;
+			a.rnr_retry = uint8_t(rnr_retry);
+			a.max_rd_atomic = 1;
+			mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				IBV_QP_MAX_QP_RD_ATOMIC;
+		}
+		return ibv_modify_qp(s.qp, &a, mask);
+	}
+
+	void connect(int rnr_retry = 7)
+	{
+		REQUIRE(up(a, b.qp->qp_num, lid, opt.type, rnr_retry) == 0);
+		REQUIRE(up(b, a.qp->qp_num, lid, opt.type, rnr_retry) == 0);
+	}
+
+	static int post_recv(Side &s, uint64_t wr_id, size_t off, uint32_t len)
+	{
+		struct ibv_sge sg = {s.addr(off), len, s.mr->lkey};
+		struct ibv_recv_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.sg_list = &sg;
+		wr.num_sge = 1;
+		return ibv_post_recv(s.qp, &wr, &bad);
+	}
+
+	static bool wait_wc(Side &s, struct ibv_wc &wc, int ms = 2000)
+	{
+		auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+		while (std::chrono::steady_clock::now() < end) {
+			int n = ibv_poll_cq(s.cq, 1, &wc);
+			if (n == 1)
+				return true;
+			if (n < 0)
+				return false;
+			std::this_thread::sleep_for(std::chrono::microseconds(100));
+		}
+		return false;
+	}
+
+	/* No completion within `ms`. */
+	static bool quiet(Side &s, int ms = 30)
+	{
+		std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+		struct ibv_wc wc;
+		return ibv_poll_cq(s.cq, 1, &wc) == 0;
+	}
+
+	static void destroy(Side &s)
+	{
+		if (s.qp)
+			ibv_destroy_qp(s.qp);
+		if (s.mr)
+			ibv_dereg_mr(s.mr);
+		if (s.cq)
+			ibv_destroy_cq(s.cq);
+		if (s.ch)
+			ibv_destroy_comp_channel(s.ch);
+	}
+
+	~Pair()
+	{
+		destroy(a);
+		destroy(b);
+		if (pd)
+			ibv_dealloc_pd(pd);
+		if (ctx)
+			ibv_close_device(ctx);
+	}
+};
+
+} // namespace loopback

@@ -1,0 +1,483 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The ibv_qp_ex posting API, the new opcodes (SEND_WITH_INV, LOCAL_INV,
+ * BIND_MW), solicited events and the ibv_cq_ex read_* helpers, over two
+ * connected QPs of one process.
+ */
+#include "loopback.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <time.h>
+
+#include <cstring>
+
+using namespace loopback;
+
+namespace {
+
+constexpr uint64_t rc_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+	IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE |
+	IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+	IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+	IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
+
+Options rc_options()
+{
+	Options o;
+	o.send_ops = rc_ops;
+	return o;
+}
+
+uint64_t now_ns(clockid_t clk)
+{
+	struct timespec ts;
+	clock_gettime(clk, &ts);
+	return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+enum ibv_qp_state state_of(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a{};
+	struct ibv_qp_init_attr ia{};
+	REQUIRE(ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0);
+	return a.qp_state;
+}
+
+} // namespace
+
+TEST_CASE("qp_ex: every RC builder, with wr_id and wr_flags read at each builder", "[qpex]")
+{
+	Pair p(rc_options());
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	REQUIRE(Pair::post_recv(b, 500, 4096, 256) == 0);
+	REQUIRE(Pair::post_recv(b, 501, 4096 + 256, 256) == 0);
+	REQUIRE(Pair::post_recv(b, 502, 4096 + 512, 256) == 0);
+	*reinterpret_cast<uint64_t *>(b.at(1024)) = 40;
+	std::memcpy(b.at(2048), "read-from-b....", 16);
+	std::memcpy(a.at(0), "written-by-a...", 16);
+	std::memcpy(a.at(32), "sge-one|", 8);
+	std::memcpy(a.at(48), "sge-two|", 8);
+
+	struct ibv_qp_ex *q = a.qpx;
+	ibv_wr_start(q);
+	q->wr_id = 1;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(q, b.mr->rkey, b.addr(0));
+	ibv_wr_set_sge(q, a.mr->lkey, a.addr(0), 16);
+	q->wr_id = 2;
+	ibv_wr_rdma_read(q, b.mr->rkey, b.addr(2048));
+	ibv_wr_set_sge(q, a.mr->lkey, a.addr(256), 16);
+	q->wr_id = 3;
+	ibv_wr_atomic_fetch_add(q, b.mr->rkey, b.addr(1024), 2);
+	ibv_wr_set_sge(q, a.mr->lkey, a.addr(512), 8);
+	q->wr_id = 4;
+	ibv_wr_atomic_cmp_swp(q, b.mr->rkey, b.addr(1024), 42, 7);
+	ibv_wr_set_sge(q, a.mr->lkey, a.addr(520), 8);
+	q->wr_id = 5;
+	q->wr_flags = 0; /* unsignaled: no completion */
+	ibv_wr_send(q);
+	struct ibv_sge two[2] = {{a.addr(32), 8, a.mr->lkey}, {a.addr(48), 8, a.mr->lkey}};
+	ibv_wr_set_sge_list(q, 2, two);
+	q->wr_id = 6;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(q, htonl(0xabcd));
+	char inl[] = "inline-payload!";
+	ibv_wr_set_inline_data(q, inl, 16);
+	std::memcpy(inl, "overwritten-now", 16); /* copied at the setter */
+	q->wr_id = 7;
+	ibv_wr_rdma_write_imm(q, b.mr->rkey, b.addr(3072), htonl(99));
+	struct ibv_data_buf bufs[2] = {{(void *)"list-", 5}, {(void *)"inline", 6}};
+	ibv_wr_set_inline_data_list(q, 2, bufs);
+	REQUIRE(ibv_wr_complete(q) == 0);
+
+	struct {
+		uint64_t wr_id;
+		enum ibv_wc_opcode opcode;
+		uint32_t byte_len;
+	} const want[] = {{1, IBV_WC_RDMA_WRITE, 16}, {2, IBV_WC_RDMA_READ, 16},
+			  {3, IBV_WC_FETCH_ADD, 8}, {4, IBV_WC_COMP_SWAP, 8},
+			  {6, IBV_WC_SEND, 16}, {7, IBV_WC_RDMA_WRITE, 11}};
+	for (auto w : want) {
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(a, wc));
+		CAPTURE(w.wr_id);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.wr_id == w.wr_id);
+		CHECK(wc.opcode == w.opcode);
+	}
+	CHECK(Pair::quiet(a));
+	CHECK(std::memcmp(b.at(0), "written-by-a...", 16) == 0);
+	CHECK(std::memcmp(a.at(256), "read-from-b....", 16) == 0);
+	CHECK(*reinterpret_cast<uint64_t *>(a.at(512)) == 40);
+	CHECK(*reinterpret_cast<uint64_t *>(a.at(520)) == 42);
+	CHECK(*reinterpret_cast<uint64_t *>(b.at(1024)) == 7);
+	CHECK(std::memcmp(b.at(3072), "list-inline", 11) == 0);
+
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(b, wc));
+	CHECK(wc.wr_id == 500);
+	CHECK(wc.byte_len == 16);
+	CHECK(std::memcmp(b.at(4096), "sge-one|sge-two|", 16) == 0);
+	REQUIRE(Pair::wait_wc(b, wc));
+	CHECK(wc.wr_id == 501);
+	CHECK((wc.wc_flags & IBV_WC_WITH_IMM));
+	CHECK(ntohl(wc.imm_data) == 0xabcd);
+	CHECK(std::memcmp(b.at(4096 + 256), "inline-payload!", 16) == 0);
+	REQUIRE(Pair::wait_wc(b, wc));
+	CHECK(wc.wr_id == 502);
+	CHECK(wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM);
+	CHECK(ntohl(wc.imm_data) == 99);
+}
+
+TEST_CASE("qp_ex: a builder error is latched, wr_complete returns it and posts nothing",
+	  "[qpex]")
+{
+	Options o = rc_options();
+	o.max_send_sge = 1;
+	o.max_inline = 32;
+	Pair p(o);
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	struct ibv_qp_attr qa{};
+	struct ibv_qp_init_attr qia{};
+	REQUIRE(ibv_query_qp(a.qp, &qa, IBV_QP_CAP, &qia) == 0);
+	const uint32_t max_sge = qia.cap.max_send_sge, max_inline = qia.cap.max_inline_data,
+		       max_wr = qia.cap.max_send_wr;
+	std::vector<struct ibv_sge> sges(max_sge + 1, {a.addr(0), 4, a.mr->lkey});
+	std::vector<char> big(max_inline + 1, 'x');
+	struct ibv_qp_ex *q = a.qpx;
+
+	struct Case {
+		const char *name;
+		int err;
+		bool first; /* the bad call comes before the good WR */
+		void (*bad)(struct ibv_qp_ex *, Side &, std::vector<struct ibv_sge> &,
+			    std::vector<char> &, uint32_t);
+	} const cases[] = {
+		{"too many SGEs", ENOMEM, false,
+		 [](struct ibv_qp_ex *q, Side &, std::vector<struct ibv_sge> &s, std::vector<char> &,
+		    uint32_t) {
+			 ibv_wr_send(q);
+			 ibv_wr_set_sge_list(q, s.size(), s.data());
+		 }},
+		{"inline data over max_inline_data", ENOMEM, false,
+		 [](struct ibv_qp_ex *q, Side &, std::vector<struct ibv_sge> &, std::vector<char> &d,
+		    uint32_t) {
+			 ibv_wr_send(q);
+			 ibv_wr_set_inline_data(q, d.data(), d.size());
+		 }},
+		{"more WRs than the send queue holds", ENOMEM, false,
+		 [](struct ibv_qp_ex *q, Side &s, std::vector<struct ibv_sge> &, std::vector<char> &,
+		    uint32_t max_wr) {
+			 for (uint32_t i = 0; i <= max_wr; i++) {
+				 ibv_wr_rdma_write(q, s.mr->rkey, s.addr(0));
+				 ibv_wr_set_sge(q, s.mr->lkey, s.addr(0), 4);
+			 }
+		 }},
+		{"a setter with no WR built", EINVAL, true,
+		 [](struct ibv_qp_ex *q, Side &s, std::vector<struct ibv_sge> &, std::vector<char> &,
+		    uint32_t) { ibv_wr_set_sge(q, s.mr->lkey, s.addr(0), 4); }},
+		{"bind_mw (no memory windows on this device)", EOPNOTSUPP, false,
+		 [](struct ibv_qp_ex *q, Side &, std::vector<struct ibv_sge> &, std::vector<char> &,
+		    uint32_t) {
+			 struct ibv_mw_bind_info info{};
+			 ibv_wr_bind_mw(q, nullptr, 0, &info);
+		 }},
+	};
+	for (const Case &c : cases) {
+		SECTION(c.name)
+		{
+			ibv_wr_start(q);
+			if (c.first)
+				c.bad(q, a, sges, big, max_wr);
+			/* A good WR: it must not be posted either. */
+			q->wr_id = 77;
+			q->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_rdma_write(q, b.mr->rkey, b.addr(0));
+			ibv_wr_set_sge(q, a.mr->lkey, a.addr(0), 4);
+			if (!c.first)
+				c.bad(q, a, sges, big, max_wr);
+			CHECK(ibv_wr_complete(q) == c.err);
+			CHECK(Pair::quiet(a));
+			/* The QP posts normally afterwards. */
+			ibv_wr_start(q);
+			q->wr_id = 78;
+			ibv_wr_rdma_write(q, b.mr->rkey, b.addr(0));
+			ibv_wr_set_sge(q, a.mr->lkey, a.addr(0), 4);
+			REQUIRE(ibv_wr_complete(q) == 0);
+			struct ibv_wc wc{};
+			REQUIRE(Pair::wait_wc(a, wc));
+			CHECK(wc.wr_id == 78);
+			CHECK(wc.status == IBV_WC_SUCCESS);
+		}
+	}
+}
+
+TEST_CASE("qp_ex: wr_abort discards the batch", "[qpex]")
+{
+	Pair p(rc_options());
+	p.connect();
+	struct ibv_qp_ex *q = p.a.qpx;
+	std::memcpy(p.a.at(0), "abort", 5);
+	ibv_wr_start(q);
+	q->wr_id = 1;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(q, p.b.mr->rkey, p.b.addr(0));
+	ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 5);
+	ibv_wr_abort(q);
+	CHECK(Pair::quiet(p.a));
+	CHECK(p.b.buf[0] == 0);
+	/* The lock was released: a new batch works. */
+	ibv_wr_start(q);
+	ibv_wr_rdma_write(q, p.b.mr->rkey, p.b.addr(0));
+	ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 5);
+	REQUIRE(ibv_wr_complete(q) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(std::memcmp(p.b.at(0), "abort", 5) == 0);
+}
+
+TEST_CASE("qp_ex: wr_complete in a state that cannot send is EINVAL", "[qpex]")
+{
+	Pair p(rc_options());
+	struct ibv_qp_ex *q = p.a.qpx;
+	ibv_wr_start(q);
+	ibv_wr_send(q);
+	ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 4);
+	CHECK(ibv_wr_complete(q) == EINVAL);
+}
+
+TEST_CASE("qp_ex: the entry points installed follow the QP type", "[qpex]")
+{
+	SECTION("UD: send, send_imm and set_ud_addr only")
+	{
+		Options o;
+		o.type = IBV_QPT_UD;
+		o.send_ops = IBV_QP_EX_WITH_SEND;
+		Pair p(o);
+		struct ibv_qp_ex *q = p.a.qpx;
+		CHECK(q->wr_send);
+		CHECK(q->wr_send_imm); /* installed even though not asked for */
+		CHECK(q->wr_set_ud_addr);
+		CHECK(q->wr_set_sge);
+		CHECK(q->wr_set_inline_data_list);
+		CHECK_FALSE(q->wr_rdma_write);
+		CHECK_FALSE(q->wr_rdma_read);
+		CHECK_FALSE(q->wr_send_inv);
+		CHECK_FALSE(q->wr_set_xrc_srqn);
+	}
+	SECTION("UC: no READ, no atomics")
+	{
+		Options o;
+		o.type = IBV_QPT_UC;
+		o.send_ops = IBV_QP_EX_WITH_RDMA_WRITE;
+		Pair p(o);
+		struct ibv_qp_ex *q = p.a.qpx;
+		CHECK(q->wr_rdma_write);
+		CHECK(q->wr_send_inv);
+		CHECK(q->wr_local_inv);
+		CHECK_FALSE(q->wr_rdma_read);
+		CHECK_FALSE(q->wr_atomic_fetch_add);
+		CHECK_FALSE(q->wr_set_ud_addr);
+	}
+}
+
+TEST_CASE("qp_ex: UD send with wr_set_ud_addr lands after the GRH room", "[qpex]")
+{
+	Options o;
+	o.type = IBV_QPT_UD;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+	Pair p(o);
+	p.connect();
+	struct ibv_ah_attr aa{};
+	aa.dlid = p.lid;
+	aa.port_num = 1;
+	struct ibv_ah *ah = ibv_create_ah(p.pd, &aa);
+	REQUIRE(ah);
+	REQUIRE(Pair::post_recv(p.b, 9, 0, 40 + 64) == 0);
+	std::memcpy(p.a.at(4096), "ud-datagram", 11);
+	struct ibv_qp_ex *q = p.a.qpx;
+	ibv_wr_start(q);
+	q->wr_id = 3;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(q, htonl(5));
+	ibv_wr_set_ud_addr(q, ah, p.b.qp->qp_num, 0x1234);
+	ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(4096), 11);
+	REQUIRE(ibv_wr_complete(q) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.wr_id == 3);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK(wc.wr_id == 9);
+	CHECK(wc.byte_len == 40 + 11);
+	CHECK(wc.src_qp == p.a.qp->qp_num);
+	CHECK(std::memcmp(p.b.at(40), "ud-datagram", 11) == 0);
+	ibv_destroy_ah(ah);
+}
+
+TEST_CASE("SEND_WITH_INV: the receiver sees IBV_WC_WITH_INV and the key", "[qpex][opcodes]")
+{
+	Pair p(rc_options());
+	p.connect();
+	REQUIRE(Pair::post_recv(p.b, 1, 0, 64) == 0);
+	REQUIRE(Pair::post_recv(p.b, 2, 64, 64) == 0);
+	/* ibv_post_send ... */
+	struct ibv_sge s = {p.a.addr(0), 4, p.a.mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 10;
+	wr.opcode = IBV_WR_SEND_WITH_INV;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.invalidate_rkey = 0x4242;
+	REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+	/* ... and the builder. */
+	ibv_wr_start(p.a.qpx);
+	p.a.qpx->wr_id = 11;
+	p.a.qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_inv(p.a.qpx, 0x4343);
+	ibv_wr_set_sge(p.a.qpx, p.a.mr->lkey, p.a.addr(0), 4);
+	REQUIRE(ibv_wr_complete(p.a.qpx) == 0);
+	for (uint32_t key : {0x4242u, 0x4343u}) {
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.opcode == IBV_WC_SEND);
+		REQUIRE(Pair::wait_wc(p.b, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.opcode == IBV_WC_RECV);
+		CHECK(wc.wc_flags == IBV_WC_WITH_INV);
+		CHECK(wc.invalidated_rkey == key);
+	}
+	/* UD has no SEND_WITH_INV. */
+	Options o;
+	o.type = IBV_QPT_UD;
+	Pair u(o);
+	u.connect();
+	wr.wr.ud.ah = nullptr;
+	s.lkey = u.a.mr->lkey;
+	s.addr = u.a.addr(0);
+	CHECK(ibv_post_send(u.a.qp, &wr, &bad) == EINVAL);
+	CHECK(bad == &wr);
+}
+
+TEST_CASE("LOCAL_INV of an ibv_reg_mr key: LOC_QP_OP_ERR, the QP enters ERR", "[qpex][opcodes]")
+{
+	Pair p(rc_options());
+	p.connect();
+	SECTION("ibv_post_send")
+	{
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = 5;
+		wr.opcode = IBV_WR_LOCAL_INV;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.invalidate_rkey = p.a.mr->rkey;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+	}
+	SECTION("wr_local_inv")
+	{
+		ibv_wr_start(p.a.qpx);
+		p.a.qpx->wr_id = 5;
+		p.a.qpx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_local_inv(p.a.qpx, p.a.mr->rkey);
+		REQUIRE(ibv_wr_complete(p.a.qpx) == 0);
+	}
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 5);
+	CHECK(wc.status == IBV_WC_LOC_QP_OP_ERR);
+	CHECK(state_of(p.a.qp) == IBV_QPS_ERR);
+}
+
+TEST_CASE("IBV_SEND_SOLICITED: a CQ armed solicited-only wakes only for it (or an error)",
+	  "[qpex][opcodes]")
+{
+	Options o = rc_options();
+	o.channel = true;
+	Pair p(o);
+	p.connect();
+	for (int i = 0; i < 3; i++)
+		REQUIRE(Pair::post_recv(p.b, 100 + i, 64 * i, 64) == 0);
+	REQUIRE(ibv_req_notify_cq(p.b.cq, 1) == 0);
+	auto fired = [&](int ms) {
+		struct pollfd pfd = {p.b.ch->fd, POLLIN, 0};
+		return poll(&pfd, 1, ms) == 1;
+	};
+	auto send = [&](unsigned flags) {
+		ibv_wr_start(p.a.qpx);
+		p.a.qpx->wr_flags = flags;
+		ibv_wr_send(p.a.qpx);
+		ibv_wr_set_sge(p.a.qpx, p.a.mr->lkey, p.a.addr(0), 4);
+		REQUIRE(ibv_wr_complete(p.a.qpx) == 0);
+	};
+	send(0);
+	CHECK_FALSE(fired(50));
+	send(IBV_SEND_SOLICITED);
+	REQUIRE(fired(2000));
+	struct ibv_cq *cq = nullptr;
+	void *cq_ctx = nullptr;
+	REQUIRE(ibv_get_cq_event(p.b.ch, &cq, &cq_ctx) == 0);
+	CHECK(cq == p.b.cq);
+	ibv_ack_cq_events(cq, 1);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	/* Armed for "next": an unsolicited completion wakes it too. */
+	REQUIRE(ibv_req_notify_cq(p.b.cq, 0) == 0);
+	send(0);
+	CHECK(fired(2000));
+}
+
+TEST_CASE("ibv_cq_ex: read_* over the ring, timestamps on CLOCK_MONOTONIC", "[qpex][cqex]")
+{
+	Options o = rc_options();
+	o.wc_flags = uint64_t(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+		     IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+	Pair p(o);
+	p.connect();
+	struct ibv_device_attr_ex dx{};
+	REQUIRE(ibv_query_device_ex(p.ctx, nullptr, &dx) == 0);
+	CHECK(dx.hca_core_clock == 1000000); /* kHz: 1 GHz, ticks are ns */
+	REQUIRE(Pair::post_recv(p.b, 33, 0, 64) == 0);
+	uint64_t before = now_ns(CLOCK_MONOTONIC), wall_before = now_ns(CLOCK_REALTIME);
+	ibv_wr_start(p.a.qpx);
+	p.a.qpx->wr_id = 44;
+	p.a.qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(p.a.qpx, htonl(1234));
+	ibv_wr_set_sge(p.a.qpx, p.a.mr->lkey, p.a.addr(0), 24);
+	REQUIRE(ibv_wr_complete(p.a.qpx) == 0);
+	uint64_t after = now_ns(CLOCK_MONOTONIC), wall_after = now_ns(CLOCK_REALTIME);
+
+	struct ibv_poll_cq_attr pa{};
+	int rc = ENOENT;
+	for (int i = 0; i < 2000 && rc == ENOENT; i++) {
+		rc = ibv_start_poll(p.b.cqx, &pa);
+		if (rc == ENOENT)
+			std::this_thread::sleep_for(std::chrono::microseconds(500));
+	}
+	REQUIRE(rc == 0);
+	struct ibv_cq_ex *c = p.b.cqx;
+	CHECK(c->wr_id == 33);
+	CHECK(c->status == IBV_WC_SUCCESS);
+	CHECK(ibv_wc_read_opcode(c) == IBV_WC_RECV);
+	CHECK(ibv_wc_read_vendor_err(c) == 0);
+	CHECK(ibv_wc_read_byte_len(c) == 24);
+	CHECK(ntohl(ibv_wc_read_imm_data(c)) == 1234);
+	CHECK(ibv_wc_read_qp_num(c) == p.b.qp->qp_num);
+	CHECK(ibv_wc_read_src_qp(c) == p.a.qp->qp_num);
+	CHECK(ibv_wc_read_wc_flags(c) == IBV_WC_WITH_IMM);
+	CHECK(ibv_wc_read_sl(c) == 0);
+	CHECK(ibv_wc_read_dlid_path_bits(c) == 0);
+	(void)ibv_wc_read_slid(c);
+	uint64_t ts = ibv_wc_read_completion_ts(c);
+	CHECK(ts >= before);
+	CHECK(ts <= after);
+	uint64_t wall = ibv_wc_read_completion_wallclock_ns(c);
+	CHECK(wall + 1000000 >= wall_before); /* within a millisecond of slack */
+	CHECK(wall <= wall_after + 1000000);
+	CHECK(ibv_next_poll(c) == ENOENT);
+	ibv_end_poll(c);
+}

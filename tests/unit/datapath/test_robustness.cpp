@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What the data path must survive: a QP reset with completions pending,
+ * attributes changed without a state change.
+ */
+#include "loopback.h"
+
+#include <cstring>
+
+using namespace loopback;
+
+namespace {
+
+int post_send(Side &s, enum ibv_wr_opcode op, uint64_t wr_id, uint32_t remote_qpn = 0,
+	      struct ibv_ah *ah = nullptr, uint32_t qkey = 0)
+{
+	struct ibv_sge sg = {s.addr(0), 8, s.mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = op;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sg;
+	wr.num_sge = 1;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = remote_qpn;
+	wr.wr.ud.remote_qkey = qkey;
+	return ibv_post_send(s.qp, &wr, &bad);
+}
+
+} // namespace
+
+TEST_CASE("reset removes the QP's unpolled completions from its CQ, others stay in order",
+	  "[robust]")
+{
+	Options o;
+	Pair p(o);
+	p.connect();
+	/* b's CQ gets b's receive completions and (shared CQ) nothing else:
+	 * use a's CQ, which holds a's send completions, and a third QP's. */
+	REQUIRE(Pair::post_recv(p.b, 1, 0, 64) == 0);
+	REQUIRE(Pair::post_recv(p.b, 2, 64, 64) == 0);
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 10) == 0);
+	/* A second QP on a's CQ, its send completions interleaved. */
+	Side c;
+	c.cq = p.a.cq;
+	struct ibv_qp_init_attr ia{};
+	ia.send_cq = ia.recv_cq = p.a.cq;
+	ia.qp_type = IBV_QPT_RC;
+	ia.cap = {4, 4, 1, 1, 0};
+	c.qp = ibv_create_qp(p.pd, &ia);
+	REQUIRE(c.qp);
+	c.mr = p.a.mr;
+	REQUIRE(Pair::up(c, p.b.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
+	REQUIRE(post_send(c, IBV_WR_SEND, 20) == 0);
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 11) == 0); /* RNR-free: b had 2 recvs, c used one */
+	std::this_thread::sleep_for(std::chrono::milliseconds(20));
+
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RESET;
+	REQUIRE(ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 20);
+	CHECK(wc.qp_num == c.qp->qp_num);
+	CHECK(Pair::quiet(p.a));
+	ibv_destroy_qp(c.qp);
+}
+
+TEST_CASE("UD: a qkey changed in RTS (RTS->RTS) is the one the engine checks", "[robust]")
+{
+	Options o;
+	o.type = IBV_QPT_UD;
+	Pair p(o);
+	p.connect();
+	struct ibv_ah_attr aa{};
+	aa.dlid = p.lid;
+	aa.port_num = 1;
+	struct ibv_ah *ah = ibv_create_ah(p.pd, &aa);
+	REQUIRE(ah);
+	REQUIRE(Pair::post_recv(p.b, 1, 0, 128) == 0);
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RTS;
+	a.qkey = 0x5555;
+	REQUIRE(ibv_modify_qp(p.b.qp, &a, IBV_QP_STATE | IBV_QP_QKEY) == 0);
+	/* The old qkey is dropped now, the new one delivered. */
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 7, p.b.qp->qp_num, ah, 0x1234) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(Pair::quiet(p.b));
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 8, p.b.qp->qp_num, ah, 0x5555) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK(wc.wr_id == 1);
+	ibv_destroy_ah(ah);
+}
+
+TEST_CASE("RC: min_rnr_timer changed in RTS is the one the requester waits", "[robust]")
+{
+	Pair p;
+	p.connect(1); /* rnr_retry 1: one wait, then RNR_RETRY_EXC_ERR */
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RTS;
+	a.min_rnr_timer = 24; /* 40.96 ms (it was 1: 10 us) */
+	REQUIRE(ibv_modify_qp(p.b.qp, &a, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER) == 0);
+	auto t0 = std::chrono::steady_clock::now();
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 1) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+		std::chrono::steady_clock::now() - t0).count();
+	CHECK(wc.status == IBV_WC_RNR_RETRY_EXC_ERR);
+	CHECK(ms >= 35);
+}
