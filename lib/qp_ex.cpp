@@ -20,6 +20,7 @@
  */
 #include "qp_ex.h"
 
+#include "ah.h"
 #include "datapath.h"
 #include "qp.h"
 
@@ -271,10 +272,14 @@ void wr_set_ud_addr(struct ibv_qp_ex *q, struct ibv_ah *ah, uint32_t remote_qpn,
 	SendWr *w = current(q);
 	if (!w)
 		return;
-	if (!ah) {
+	/* The AH must be one of ours, on this QP's context: its address is
+	 * copied now, as ibv_post_send copies it, so it may be destroyed
+	 * once the WR is posted. */
+	if (!ah || to_context(ah->context) != to_context(q->qp_base.context)) {
 		latch(*batch_of(q), EINVAL);
 		return;
 	}
+	w->ah_attr = Ah::from(ah)->attr;
 	w->remote_qpn = remote_qpn;
 	w->remote_qkey = remote_qkey;
 }
