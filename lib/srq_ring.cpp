@@ -72,9 +72,9 @@ int srq_ring_attach(Srq &srq)
 		rq->cq_off = srq.cq->ring_off;
 		rq->cq_has_channel = srq.cq->channel != nullptr;
 	}
-	/* Geometry first, then the magic: a reader that sees the magic sees
-	 * the geometry (the broker's publish orders it for other processes). */
-	std::atomic_thread_fence(std::memory_order_release);
+	/* Geometry first, then the magic. Other processes find the ring only
+	 * through the broker's publish below (a system call, hence a full
+	 * barrier); this process's senders only through srq.ring, set after. */
 	rq->magic = shm::rq_magic;
 	r->rq = rq;
 	srq.ring = r;
