@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include "mr.h"
+#include "mr_memory.h"
 #include "segment.h"
 #include "device.h"
 
@@ -269,6 +270,7 @@ KeyEntry mr_entry(const Mr &mr)
 	e.iova = mr.iova;
 	e.length = mr.length;
 	e.addr = mr.addr;
+	e.path = mr.path;
 	return e;
 }
 
@@ -319,6 +321,8 @@ Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova
 	mr->iova = iova;
 	mr->index = index;
 	mr->keys = &keys;
+	/* Reachable by peers before anyone can learn the key. */
+	mr->path = mr_memory_attach(start, length, access);
 	pd.uses.get();
 	uint32_t key = keys.publish(index, mr_entry(*mr), uint8_t(keys.variant(index) + 1));
 	mr->ibv.context = ctx.abi();
@@ -354,6 +358,8 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 	KeyTable &keys = *mr.keys;
 	keys.unpublish(mr.index);
 	uint8_t variant = keys.variant(mr.index);
+	const uint64_t old_addr = mr.addr, old_length = mr.length;
+	const uint32_t old_access = mr.access;
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		mr.addr = start;
 		mr.length = length;
@@ -362,6 +368,12 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 	}
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
 		mr.access = access;
+	if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS)) {
+		/* The new range first: pages in both stay shared throughout. */
+		MemPath old_path = mr.path;
+		mr.path = mr_memory_attach(mr.addr, mr.length, mr.access);
+		mr_memory_detach(old_addr, old_length, old_access, old_path);
+	}
 	mr.pd = pd;
 	uint32_t key = keys.publish(mr.index, mr_entry(mr), variant);
 	mr.ibv.lkey = key;
@@ -376,6 +388,8 @@ int dereg_mr(Mr &mr)
 {
 	if (mr.type == MrType::User) {
 		mr.keys->unpublish(mr.index);
+		/* No operation holds the key any more: the pages may go private. */
+		mr_memory_detach(mr.addr, mr.length, mr.access, mr.path);
 		mr.keys->release(mr.index, KeyKind::Mr);
 		mr.pd->uses.put();
 	}

@@ -62,11 +62,12 @@ constexpr uint32_t make_key(uint32_t index, uint8_t variant) { return index << 8
 enum class MemPath : uint8_t {
 	Cma = 0,    /* process_vm_readv/writev by owner_pid; atomics under an OFD lock */
 	Shared = 1, /* memshare: the pages are a shared file, offset == VA (lib/memshare) */
+	Bounce = 2, /* bounce slots served by the owner's helper thread (lib/bounce.h) */
 };
 
 struct KeyEntry {
 	KeyKind kind;
-	MemPath path;        /* set by whoever made the memory shareable */
+	MemPath path;        /* chosen at registration (lib/mr_memory.h) */
 	uint32_t access;     /* IBV_ACCESS_* as registered (local read is implied) */
 	uint32_t pdn;        /* protection domain proper (never a parent domain) */
 	uint32_t parent_key; /* MW: the key of the MR it is bound to, else 0 */
@@ -204,6 +205,8 @@ struct Mr {
 	uint64_t iova;
 	uint32_t index; /* key-table slot (user MRs) */
 	KeyTable *keys;
+	/* How peers reach the range (lib/mr_memory.h); undone at dereg. */
+	MemPath path;
 
 	struct ibv_mr *abi() { return &ibv; }
 	static Mr *from(struct ibv_mr *mr) { return reinterpret_cast<Mr *>(mr); }

@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 #include "remote_memory.h"
 
+#include "bounce.h"
+#include "memshare.h"
+#include "mr_memory.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -10,7 +14,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 namespace shmverbs {
 
@@ -95,7 +102,7 @@ public:
 		   uint64_t a, uint64_t b, uint64_t *old) override
 	{
 		std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t *>(addr));
-		if (mr.path == MemPath::Cma || force_cma()) {
+		if (mr.path == MemPath::Cma) {
 			/* Remote initiators take the lock on this memory: so
 			 * must we, or we would not be atomic against them. */
 			AtomicLock guard(peer, addr);
@@ -175,35 +182,249 @@ private:
 	}
 };
 
+/*
+ * What an initiator keeps about one peer process (one (pid, segment)): its
+ * memory file and the windows onto it, its bounce client. Operations hold a
+ * shared_ptr, so forget_peer_memory() never pulls a mapping from under them.
+ */
+struct PeerFiles {
+	struct Window {
+		uint64_t lo, hi; /* target addresses covered */
+		memshare::PeerWindow map;
+	};
+	static constexpr size_t max_windows = 64;
+
+	std::mutex lock;
+	int mem_fd = -1;
+	std::vector<std::shared_ptr<Window>> windows; /* most recently used first */
+	std::shared_ptr<memshare::BounceClient> bounce;
+
+	~PeerFiles()
+	{
+		windows.clear();
+		if (mem_fd >= 0) {
+			memshare::forget_peer(mem_fd);
+			::close(mem_fd);
+		}
+	}
+};
+
+/* Never destroyed: the progress and broker threads may use it during exit. */
+struct PeerTable {
+	std::mutex lock;
+	std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerFiles>> files;
+};
+PeerTable &peer_table()
+{
+	static auto *t = new PeerTable;
+	return *t;
+}
+
+std::shared_ptr<PeerFiles> files_of(const PeerSegment &peer)
+{
+	PeerTable &t = peer_table();
+	std::lock_guard guard(t.lock);
+	auto &f = t.files[{peer.pid, peer.handle}];
+	if (!f)
+		f = std::make_shared<PeerFiles>();
+	return f;
+}
+
+/* One of the owner's process-wide fds, through a live object of its segment. */
+int fetch_process_fd(const PeerSegment &peer, uint32_t slot, int &fd)
+{
+	uint64_t via = peer.via.load(std::memory_order_relaxed);
+	if (!via)
+		return ENOENT;
+	pid_t owner = 0;
+	if (int err = BrokerClient::instance().fetch_fd(unpack_object(via), slot, &fd, &owner))
+		return err;
+	if (owner != peer.pid) { /* the number moved to another process meanwhile */
+		::close(fd);
+		fd = -1;
+		return ESRCH;
+	}
+	return 0;
+}
+
+/* The error an operation reports for a failure of the peer's side. */
+int peer_error(const PeerSegment &peer, int err)
+{
+	return err == EPIPE || err == ESRCH || !peer.alive() ? ESRCH : EFAULT;
+}
+
+/* Another process's memory file, through windows of it. */
+class SharedMemory final : public RemoteMemory {
+public:
+	int write(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
+		  const struct iovec *local, int count) override
+	{
+		std::shared_ptr<PeerFiles::Window> w;
+		if (int err = window(peer, mr, w))
+			return err;
+		char *to = static_cast<char *>(w->map.at(addr));
+		for (int i = 0; i < count; i++) {
+			std::memcpy(to, local[i].iov_base, local[i].iov_len);
+			to += local[i].iov_len;
+		}
+		return 0;
+	}
+	int read(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
+		 const struct iovec *local, int count) override
+	{
+		std::shared_ptr<PeerFiles::Window> w;
+		if (int err = window(peer, mr, w))
+			return err;
+		const char *from = static_cast<const char *>(w->map.at(addr));
+		for (int i = 0; i < count; i++) {
+			std::memcpy(local[i].iov_base, from, local[i].iov_len);
+			from += local[i].iov_len;
+		}
+		return 0;
+	}
+	int atomic(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, AtomicOp op,
+		   uint64_t a, uint64_t b, uint64_t *old) override
+	{
+		std::shared_ptr<PeerFiles::Window> w;
+		if (int err = window(peer, mr, w))
+			return err;
+		/* The target's physical page: atomic against every CPU atomic
+		 * on it, in any process. */
+		std::atomic_ref<uint64_t> word(*static_cast<uint64_t *>(w->map.at(addr)));
+		if (op == AtomicOp::FetchAdd) {
+			*old = word.fetch_add(a);
+		} else {
+			uint64_t expected = a;
+			word.compare_exchange_strong(expected, b);
+			*old = expected;
+		}
+		return 0;
+	}
+
+private:
+	/* A window covering the whole MR (cached per peer, LRU-bounded). */
+	static int window(const PeerSegment &peer, const KeyEntry &mr,
+			  std::shared_ptr<PeerFiles::Window> &out)
+	{
+		std::shared_ptr<PeerFiles> f = files_of(peer);
+		const uint64_t lo = mr.addr, hi = mr.addr + (mr.length ? mr.length : 1);
+		std::lock_guard guard(f->lock);
+		for (size_t i = 0; i < f->windows.size(); i++) {
+			if (f->windows[i]->lo <= lo && hi <= f->windows[i]->hi) {
+				if (i)
+					std::swap(f->windows[i], f->windows[0]);
+				out = f->windows[0];
+				return 0;
+			}
+		}
+		if (f->mem_fd < 0)
+			if (int err = fetch_process_fd(peer, kMemoryFileSlot, f->mem_fd))
+				return peer_error(peer, err);
+		auto w = std::make_shared<PeerFiles::Window>();
+		w->lo = lo;
+		w->hi = hi;
+		if (memshare::map_peer(f->mem_fd, lo, size_t(hi - lo), w->map) != 0)
+			return EFAULT;
+		if (f->windows.size() >= PeerFiles::max_windows)
+			f->windows.pop_back();
+		f->windows.insert(f->windows.begin(), w);
+		out = std::move(w);
+		return 0;
+	}
+};
+
+/* Another process's memory through its bounce server. */
+class BounceMemory final : public RemoteMemory {
+public:
+	int write(const PeerSegment &peer, const KeyEntry &, uint64_t addr,
+		  const struct iovec *local, int count) override
+	{
+		std::shared_ptr<memshare::BounceClient> c;
+		if (int err = client(peer, c))
+			return err;
+		for (int i = 0; i < count; i++) {
+			if (int err = memshare::bounce_write(*c, addr, local[i].iov_base, local[i].iov_len))
+				return peer_error(peer, err);
+			addr += local[i].iov_len;
+		}
+		return 0;
+	}
+	int read(const PeerSegment &peer, const KeyEntry &, uint64_t addr,
+		 const struct iovec *local, int count) override
+	{
+		std::shared_ptr<memshare::BounceClient> c;
+		if (int err = client(peer, c))
+			return err;
+		for (int i = 0; i < count; i++) {
+			if (int err = memshare::bounce_read(*c, local[i].iov_base, addr, local[i].iov_len))
+				return peer_error(peer, err);
+			addr += local[i].iov_len;
+		}
+		return 0;
+	}
+	int atomic(const PeerSegment &peer, const KeyEntry &, uint64_t addr, AtomicOp op,
+		   uint64_t a, uint64_t b, uint64_t *old) override
+	{
+		std::shared_ptr<memshare::BounceClient> c;
+		if (int err = client(peer, c))
+			return err;
+		int err = op == AtomicOp::FetchAdd
+				  ? memshare::bounce_atomic(*c, memshare::BounceOp::fetch_add, addr, a, 0, old)
+				  : memshare::bounce_atomic(*c, memshare::BounceOp::cmp_swap, addr, b, a, old);
+		return err ? peer_error(peer, err) : 0;
+	}
+
+private:
+	static int client(const PeerSegment &peer, std::shared_ptr<memshare::BounceClient> &out)
+	{
+		std::shared_ptr<PeerFiles> f = files_of(peer);
+		std::lock_guard guard(f->lock);
+		if (!f->bounce) {
+			int fd = -1;
+			if (int err = fetch_process_fd(peer, kBounceSlot, fd))
+				return peer_error(peer, err);
+			auto c = memshare::BounceClient::attach(fd);
+			::close(fd);
+			if (!c)
+				return EFAULT;
+			f->bounce.reset(c.get());
+		}
+		out = f->bounce;
+		return 0;
+	}
+};
+
 DirectMemory direct;
 CmaMemory cma;
-std::atomic<RemoteMemory *> paths[2] = {&cma, nullptr};
+SharedMemory shared;
+BounceMemory bounce;
 
 } // namespace
 
-bool force_cma()
+void forget_peer_memory(pid_t pid)
 {
-	static const bool forced = [] {
-		const char *s = std::getenv("SHMVERBS_FORCE_CMA");
-		return s && *s == '1';
-	}();
-	return forced;
-}
-
-void register_remote_memory(MemPath path, RemoteMemory *impl)
-{
-	if (size_t(path) < 2)
-		paths[size_t(path)].store(impl, std::memory_order_release);
+	std::vector<std::shared_ptr<PeerFiles>> dropped; /* released outside the lock */
+	PeerTable &t = peer_table();
+	std::lock_guard guard(t.lock);
+	for (auto it = t.files.begin(); it != t.files.end();) {
+		if (it->first.first == pid) {
+			dropped.push_back(std::move(it->second));
+			it = t.files.erase(it);
+		} else {
+			++it;
+		}
+	}
 }
 
 RemoteMemory &remote_memory_for(const PeerSegment &peer, const KeyEntry &mr)
 {
 	if (peer.local)
 		return direct;
-	if (!force_cma() && size_t(mr.path) < 2)
-		if (RemoteMemory *impl = paths[size_t(mr.path)].load(std::memory_order_acquire))
-			return *impl;
-	return cma;
+	switch (mr.path) {
+	case MemPath::Shared: return shared;
+	case MemPath::Bounce: return bounce;
+	default: return cma;
+	}
 }
 
 } // namespace shmverbs

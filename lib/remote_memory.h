@@ -4,16 +4,26 @@
  * which the data path reads, writes and atomically updates target memory.
  *
  * The target chooses per MR how peers reach its memory (KeyEntry::path in its
- * key table, which lives in its shared segment):
+ * key table, which lives in its shared segment; lib/mr_memory.h), and every
+ * initiator obeys it, so all RDMA atomics on one MR go the same way:
+ *   MemPath::Shared  the pages are the target's memory file at offset == VA;
+ *                    the initiator maps a window of it per MR (memshare::
+ *                    map_peer, cached per peer) and uses memcpy and real CPU
+ *                    atomics on the same physical pages, so they are atomic
+ *                    against the target's own CPU atomics too;
  *   MemPath::Cma     process_vm_writev/readv by the owner's pid; atomics are
  *                    read-modify-write under an OFD byte-range lock on the
  *                    target's segment file (the kernel drops it if the holder
  *                    dies), so they are atomic against each other;
- *   MemPath::Shared  the memshare fast path (lib/memshare, another helper):
- *                    the pages are a shared file, offset == VA; initiators map
- *                    it and use memcpy and CPU atomics.
- * A target in this very process is reached directly (memcpy) whatever the
- * path, except atomics on a Cma MR, which take the same lock as remote ones.
+ *   MemPath::Bounce  requests to the target's bounce server (BounceClient,
+ *                    cached per peer); atomics are CPU atomics executed by
+ *                    the target's helper thread.
+ * The memory file and bounce file fds are fetched from the broker once per
+ * peer (through the object last resolved in its segment, which carries them
+ * in slots kMemoryFileSlot/kBounceSlot) and dropped when the peer is gone.
+ * A target in this very process is reached directly (memcpy, CPU atomics)
+ * whatever the path, except atomics on a Cma MR, which take the same lock
+ * as remote ones.
  *
  * Contracts for every implementation:
  *  - `addr` is the target's virtual address, already checked against the
@@ -54,11 +64,8 @@ public:
 /* The implementation to use for an MR of a peer (or of this process). */
 RemoteMemory &remote_memory_for(const PeerSegment &peer, const KeyEntry &mr);
 
-/* Installs the implementation of a path (memshare registers MemPath::Shared
- * at load). Until one is installed, a Shared MR falls back to CMA. */
-void register_remote_memory(MemPath path, RemoteMemory *impl);
-
-/* Forces the CMA path for every MR ($SHMVERBS_FORCE_CMA=1; for tests). */
-bool force_cma();
+/* Drops what is cached about a process's memory (its fds, windows, bounce
+ * client): it is gone (PeerGone). Operations still using them finish first. */
+void forget_peer_memory(pid_t pid);
 
 } // namespace shmverbs

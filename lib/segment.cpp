@@ -2,6 +2,7 @@
 #include "segment.h"
 
 #include "log.h"
+#include "remote_memory.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -22,6 +23,8 @@ constexpr uint64_t align64(uint64_t v) { return (v + 63) & ~uint64_t(63); }
 
 std::mutex segments_lock;
 Segment *segments[64];
+/* Fds attached to every object we publish (attach_process_fd), -1 if none. */
+std::atomic<int> process_fds[broker::fd_slots] = {-1, -1, -1, -1};
 
 /* Peer cache: mapped segments by (pid, handle); objects by (dev, kind, id). */
 std::mutex peers_lock;
@@ -34,6 +37,7 @@ void on_broker_event(const BrokerEvent &e)
 {
 	if (e.type != BrokerEvent::Type::PeerGone)
 		return;
+	forget_peer_memory(e.pid);
 	std::lock_guard guard(peers_lock);
 	for (auto &[key, seg] : peer_segments)
 		if (seg->pid == e.pid)
@@ -168,8 +172,43 @@ int Segment::publish(broker::ObjectKind kind, uint32_t id, uint64_t off)
 	if (int err = BrokerClient::instance().publish({device_, kind, id}, h, off))
 		return err;
 	Published p{kind, id, off, {-1, -1, -1, -1}};
+	/* Under lock_: pairs with attach_process_fd(), which sets the fd
+	 * before it walks published_ under this lock. */
+	for (uint32_t slot = 0; slot < broker::fd_slots; slot++) {
+		int fd = process_fds[slot].load();
+		if (fd >= 0 && BrokerClient::instance().attach_fd({device_, kind, id}, slot, fd) == 0)
+			p.fds[slot] = fd;
+	}
 	published_.push_back(p);
 	return 0;
+}
+
+int Segment::attach_process_fd(uint32_t slot, int fd)
+{
+	if (slot >= broker::fd_slots)
+		return EINVAL;
+	process_fds[slot].store(fd);
+	std::vector<Segment *> all;
+	{
+		std::lock_guard guard(segments_lock);
+		for (Segment *s : segments)
+			if (s)
+				all.push_back(s);
+	}
+	int result = 0;
+	for (Segment *s : all) {
+		std::lock_guard guard(s->lock_);
+		for (Published &p : s->published_) {
+			if (p.fds[slot] == fd)
+				continue;
+			int err = BrokerClient::instance().attach_fd({s->device_, p.kind, p.id}, slot, fd);
+			if (err)
+				result = err;
+			else
+				p.fds[slot] = fd;
+		}
+	}
+	return result;
 }
 
 void Segment::withdraw(broker::ObjectKind kind, uint32_t id)
@@ -227,6 +266,9 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 		if (it != peer_objects.end()) {
 			if (!refresh && !it->second.seg->gone.load(std::memory_order_acquire)) {
 				out = it->second;
+				uint64_t v = pack_object(device, kind, id);
+				if (out.seg->via.load(std::memory_order_relaxed) != v)
+					out.seg->via.store(v, std::memory_order_relaxed);
 				return 0;
 			}
 			peer_objects.erase(it);
@@ -281,6 +323,7 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 		return EPROTO;
 	out.seg = seg;
 	out.off = r.offset;
+	seg->via.store(pack_object(device, kind, id), std::memory_order_relaxed);
 	peer_objects[key] = out;
 	return 0;
 }

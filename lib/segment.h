@@ -59,6 +59,11 @@ public:
 	void withdraw(broker::ObjectKind kind, uint32_t id);
 	/* Attaches an fd to an owned, published object (broker slot). */
 	int attach_fd(broker::ObjectKind kind, uint32_t id, uint32_t slot, int fd);
+	/* Attaches a process-wide fd (the memory file, the bounce file:
+	 * lib/mr_memory.h) in `slot` of every object this process publishes,
+	 * now and later, on every device, so that a peer reaching any of
+	 * them can fetch it. 0 once every current object has it. */
+	static int attach_process_fd(uint32_t slot, int fd);
 
 	/* A second open file description of the memfd: OFD locks taken through
 	 * it conflict with those of every other description (lib/remote_memory). */
@@ -100,6 +105,9 @@ struct PeerSegment {
 	int lock_fd = -1;          /* own open file description of it */
 	bool local = false;        /* our own segment */
 	std::atomic<bool> gone{false};
+	/* The object last resolved in this segment, packed by pack_object():
+	 * a live one to fetch the owner's process-wide fds through. */
+	std::atomic<uint64_t> via{0};
 
 	template <typename T>
 	T *at(uint64_t off, uint64_t bytes = sizeof(T)) const
@@ -111,6 +119,15 @@ struct PeerSegment {
 	/* Still alive: not reported gone and kill(pid, 0) succeeds. */
 	bool alive() const;
 };
+
+constexpr uint64_t pack_object(uint32_t device, broker::ObjectKind kind, uint32_t id)
+{
+	return uint64_t(device) << 40 | uint64_t(kind) << 32 | id;
+}
+constexpr BrokerObject unpack_object(uint64_t v)
+{
+	return {uint32_t(v >> 40), broker::ObjectKind(uint8_t(v >> 32)), uint32_t(v)};
+}
 
 /* Where a published object lives. */
 struct PeerObject {

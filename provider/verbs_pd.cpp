@@ -19,6 +19,7 @@
 #include "abi.h"
 #include "ops.h"
 
+#include "fork.h"
 #include "mr.h"
 #include "pd.h"
 
@@ -93,14 +94,22 @@ struct ibv_pd *ctx_alloc_parent_domain(struct ibv_context *context,
 }
 
 /* The common tail of ibv_reg_mr, ibv_reg_mr_iova and ibv_reg_mr_iova2 for
- * a PD of ours; fills the fields libibverbs fills after the provider. */
+ * a PD of ours; fills the fields libibverbs fills after the provider. As
+ * libibverbs, the range is marked DONTFORK first (a no-op unless
+ * ibv_fork_init() or RDMAV_FORK_SAFE) and unmarked if registration fails. */
 struct ibv_mr *register_mr(Context &c, struct ibv_pd *pd, void *addr, size_t length,
 			   uint64_t iova, unsigned int access)
 {
+	const bool odp = access & IBV_ACCESS_ON_DEMAND;
+	if (!odp && process_fork_ranges().dontfork(addr, length))
+		return nullptr; /* errno from madvise */
 	return guard_ptr([&]() -> struct ibv_mr * {
 		Result<Mr> mr = reg_mr(c, *Pd::from(pd), addr, length, iova, access);
-		if (!mr)
+		if (!mr) {
+			if (!odp)
+				process_fork_ranges().dofork(addr, length);
 			return fail_ptr<struct ibv_mr>(mr.error());
+		}
 		mr->ibv.pd = pd;
 		mr->ibv.addr = addr;
 		mr->ibv.length = length;
@@ -193,8 +202,8 @@ SHMV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
 /*
  * Returns 0 or one of IBV_REREG_MR_ERR_* with errno set, as libibverbs:
  * _INPUT for what libibverbs itself refuses (the MR is untouched), _CMD for
- * what the kernel refuses. We never fail after a change, so _DO_FORK_OLD and
- * the fork variants do not occur (fork protection is not emulated).
+ * what the kernel refuses; the fork-protection results as libibverbs (they
+ * only occur after ibv_fork_init(), when an madvise fails).
  */
 SHMV_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
 			     size_t length, int access)
@@ -221,18 +230,29 @@ SHMV_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, vo
 	Pd *new_pd = nullptr;
 	if ((flags & IBV_REREG_MR_CHANGE_PD) && pd && pd->context == mr->context)
 		new_pd = Pd::from(pd);
+	const bool new_range = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+	if (new_range && process_fork_ranges().dontfork(addr, length))
+		return IBV_REREG_MR_ERR_DONT_FORK_NEW;
+	void *old_addr = mr->addr;
+	size_t old_length = mr->length;
 	int err = guard_int([&] {
 		return rereg_mr(*m, flags, new_pd, addr, length, static_cast<uint32_t>(access));
 	});
 	if (err) {
+		if (new_range && process_fork_ranges().dofork(addr, length)) {
+			errno = err;
+			return IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW;
+		}
 		errno = err;
 		return IBV_REREG_MR_ERR_CMD;
 	}
 	if (flags & IBV_REREG_MR_CHANGE_PD)
 		mr->pd = pd;
-	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+	if (new_range) {
 		mr->addr = addr;
 		mr->length = length;
+		if (process_fork_ranges().dofork(old_addr, old_length))
+			return IBV_REREG_MR_ERR_DO_FORK_OLD;
 	}
 	return 0;
 }
@@ -243,5 +263,13 @@ SHMV_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 		return EINVAL;
 	if (!to_context(mr->context))
 		SHMV_FORWARD_INT(ibv_dereg_mr, "IBVERBS_1.1", mr);
-	return guard_int([&] { return dereg_mr(*Mr::from(mr)); });
+	/* As libibverbs: the range it knows (the ABI fields) goes back to
+	 * normal fork behaviour once the registration is gone. */
+	void *addr = mr->addr;
+	size_t length = mr->length;
+	const bool user = Mr::from(mr)->type == MrType::User;
+	int err = guard_int([&] { return dereg_mr(*Mr::from(mr)); });
+	if (!err && user)
+		process_fork_ranges().dofork(addr, length);
+	return err;
 }

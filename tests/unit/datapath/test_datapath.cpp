@@ -12,8 +12,17 @@
 
 #include <infiniband/verbs.h>
 
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +51,44 @@ bool in_target = false;
 		}                               \
 	} while (0)
 
+/*
+ * The registered buffer. Heap memory can be made shareable; a file-backed
+ * MAP_PRIVATE mapping never can, so peers reach it by CMA or bounce.
+ */
+enum class BufKind { Heap, File };
+
+struct Buffer {
+	char *p = nullptr;
+	size_t n = buf_size;
+	BufKind kind;
+
+	explicit Buffer(BufKind k) : kind(k)
+	{
+		if (k == BufKind::Heap) {
+			p = new char[n]();
+			return;
+		}
+		char path[] = "/tmp/unit-datapath-XXXXXX";
+		int fd = mkstemp(path);
+		NEED(fd >= 0);
+		unlink(path);
+		NEED(ftruncate(fd, off_t(n)) == 0);
+		void *m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+		close(fd);
+		NEED(m != MAP_FAILED);
+		p = static_cast<char *>(m);
+	}
+	~Buffer()
+	{
+		if (kind == BufKind::Heap)
+			delete[] p;
+		else
+			munmap(p, n);
+	}
+	char *data() { return p; }
+	size_t size() const { return n; }
+};
+
 struct Node {
 	struct ibv_context *ctx = nullptr;
 	struct ibv_pd *pd = nullptr;
@@ -49,10 +96,10 @@ struct Node {
 	struct ibv_cq *cq = nullptr;
 	struct ibv_qp *qp = nullptr;
 	struct ibv_mr *mr = nullptr;
-	std::vector<char> buf = std::vector<char>(buf_size);
+	Buffer buf;
 	uint16_t lid = 0;
 
-	explicit Node(bool with_channel = false)
+	explicit Node(bool with_channel = false, BufKind kind = BufKind::Heap) : buf(kind)
 	{
 		int n = 0;
 		struct ibv_device **list = ibv_get_device_list(&n);
@@ -162,6 +209,25 @@ struct Node {
 
 /* ---- The target process ---- */
 
+/* Whether pid maps `name` (a memfd) at all (addr 0), or at addr. */
+bool mapped_from(pid_t pid, uintptr_t addr, const char *name)
+{
+	char path[64];
+	std::snprintf(path, sizeof(path), "/proc/%d/maps", int(pid));
+	FILE *f = std::fopen(path, "re");
+	char l[1024];
+	bool found = false;
+	while (f && !found && std::fgets(l, sizeof(l), f)) {
+		unsigned long lo, hi;
+		if (std::sscanf(l, "%lx-%lx", &lo, &hi) != 2 || !std::strstr(l, name))
+			continue;
+		found = addr == 0 || (lo <= addr && addr < hi);
+	}
+	if (f)
+		std::fclose(f);
+	return found;
+}
+
 bool read_line(FILE *f, std::string &line)
 {
 	char b[256];
@@ -178,11 +244,11 @@ bool read_line(FILE *f, std::string &line)
  * receive completions ("wc <status> <byte_len> <imm>") and the first 16 bytes
  * of its buffer, then "done".
  */
-int target_main()
+int target_main(BufKind kind)
 {
 	in_target = true;
 	setvbuf(stdout, nullptr, _IOLBF, 0);
-	Node n(true);
+	Node n(true, kind);
 	std::memset(n.buf.data(), 0, buf_size);
 	*reinterpret_cast<uint64_t *>(n.buf.data() + 1024) = 100; /* atomics target */
 	std::memcpy(n.buf.data() + 2048, "read-me-please!", 16);
@@ -210,6 +276,40 @@ int target_main()
 		std::printf("posted\n");
 		if (!read_line(stdin, line))
 			return 0;
+	}
+	if (line == "dereg\n") {
+		/* The registration goes; the memory stays the application's. */
+		uintptr_t page = uintptr_t(n.buf.data()) & ~uintptr_t(4095);
+		NEED(ibv_dereg_mr(n.mr) == 0);
+		n.mr = nullptr;
+		/* Private again: a store here is not seen by anyone else. */
+		std::printf("dereged %s\n", mapped_from(getpid(), page, "shmverbs-memory") ? "shared"
+											  : "private");
+		if (!read_line(stdin, line))
+			return 0;
+	}
+	pid_t child = -1;
+	int to_child[2] = {-1, -1};
+	if (line == "fork\n") {
+		/* A child made after reg_mr: it keeps the fork-time contents. */
+		NEED(pipe(to_child) == 0);
+		child = fork();
+		NEED(child >= 0);
+		if (child == 0) {
+			char c;
+			if (read(to_child[0], &c, 1) != 1)
+				_exit(1);
+			std::printf("child %.16s|\n", n.buf.data());
+			std::fflush(stdout);
+			_exit(0);
+		}
+		std::printf("forked\n");
+		if (!read_line(stdin, line))
+			return 0;
+		NEED(write(to_child[1], "x", 1) == 1);
+		int status = 0;
+		NEED((waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+		      WEXITSTATUS(status) == 0));
 	}
 	if (line == "arm\n") {
 		/* Sleep on the completion channel until a peer's SEND. */
@@ -244,7 +344,7 @@ struct TargetProc {
 	uint32_t qpn = 0, rkey = 0;
 	uint64_t addr = 0;
 
-	TargetProc()
+	explicit TargetProc(BufKind kind = BufKind::Heap)
 	{
 		int in[2], out[2];
 		REQUIRE(pipe(in) == 0);
@@ -256,7 +356,8 @@ struct TargetProc {
 			dup2(out[1], 1);
 			close(in[1]);
 			close(out[0]);
-			execl("/proc/self/exe", "unit-datapath", "--target", nullptr);
+			execl("/proc/self/exe", "unit-datapath", "--target",
+			      kind == BufKind::File ? "file" : "heap", nullptr);
 			_exit(127);
 		}
 		close(in[0]);
@@ -314,19 +415,79 @@ int post(Node &n, enum ibv_wr_opcode op, uint32_t off, uint32_t len, uint64_t ra
 	return ibv_post_send(n.qp, &wr, &bad);
 }
 
+
+#if defined(__x86_64__)
+constexpr uint32_t audit_arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+constexpr uint32_t audit_arch = AUDIT_ARCH_AARCH64;
+#else
+#error "add the AUDIT_ARCH of this architecture"
+#endif
+
+/* process_vm_readv/writev fail with EPERM from now on, in this process and
+ * every process it starts (the targets), as under a container's default
+ * seccomp profile (the filter of tests/unit/memshare/test_cma.cpp). */
+int block_cma_with_seccomp()
+{
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, audit_arch, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 2, 0),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_writev, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+	};
+	struct sock_fprog prog = {sizeof(f) / sizeof(f[0]), f};
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+		return errno;
+	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0)
+		return errno;
+	return 0;
+}
+
+/* Whether process_vm_readv works here (it does on ourselves unless blocked). */
+bool cma_works()
+{
+	uint64_t x = 1, y = 0;
+	struct iovec l = {&y, 8}, r = {&x, 8};
+	return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == 8;
+}
+
+bool seccomp_mode = false;
+
 } // namespace
 
+/* unit-datapath [--seccomp] [catch args]: --seccomp runs every test with CMA
+ * blocked by a real seccomp filter (skipped with a message where filters
+ * cannot be installed). */
 int main(int argc, char **argv)
 {
 	if (argc > 1 && std::strcmp(argv[1], "--target") == 0)
-		return target_main();
+		return target_main(argc > 2 && std::strcmp(argv[2], "file") == 0 ? BufKind::File
+										 : BufKind::Heap);
+	if (argc > 1 && std::strcmp(argv[1], "--seccomp") == 0) {
+		if (int err = block_cma_with_seccomp()) {
+			std::printf("cannot install a seccomp filter here (%s): skipped\n",
+				    std::strerror(err));
+			return 77; /* meson: skipped */
+		}
+		seccomp_mode = true;
+		argv[1] = argv[0];
+		argc--;
+		argv++;
+	}
 	return Catch::Session().run(argc, argv);
 }
 
-TEST_CASE("passive target: WRITE, READ, atomics and SEND complete while it sits in read()",
-	  "[datapath][process]")
+namespace {
+
+/* WRITE, READ, both atomics and a SEND into a passive target whose
+ * registered buffer is of the given kind. */
+void passive_target(BufKind kind)
 {
-	TargetProc t;
+	TargetProc t(kind);
 	Node n;
 	REQUIRE(n.connect(t.qpn) == 0);
 	t.send("connect " + std::to_string(n.qp->qp_num) + " 2");
@@ -362,6 +523,20 @@ TEST_CASE("passive target: WRITE, READ, atomics and SEND complete while it sits 
 	CHECK(t.line() == "wc 0 16 77 100\n");
 	CHECK(t.line() == "data written-by-rdma|sent-by-a-send!|7\n");
 	CHECK(t.line() == "done\n");
+}
+
+} // namespace
+
+TEST_CASE("passive target: WRITE, READ, atomics and SEND complete while it sits in read()",
+	  "[datapath][process]")
+{
+	passive_target(BufKind::Heap);
+}
+
+TEST_CASE("memory that cannot be shared (file-backed MAP_PRIVATE) works through CMA or bounce",
+	  "[datapath][process][paths]")
+{
+	passive_target(BufKind::File);
 }
 
 TEST_CASE("RC: a WRITE is visible before the receive completion of a later SEND",
@@ -551,7 +726,9 @@ TEST_CASE("several threads post and poll on one QP pair", "[datapath]")
 		for (int i = 0; i < per_thread; i++) {
 			while (b.post_recv(i, 0, 64) == ENOMEM)
 				std::this_thread::yield();
-			/* Keep the unpolled completions within both CQs. */
+			/* Keep the unpolled send and receive completions within
+			 * the CQs (64 entries): a starved poller must not turn
+			 * into an overrun, which loses completions. */
 			while ((i - sent.load() >= 32 || i - received.load() >= 32) &&
 			       std::chrono::steady_clock::now() < end)
 				std::this_thread::yield();
@@ -574,4 +751,96 @@ TEST_CASE("several threads post and poll on one QP pair", "[datapath]")
 	poller.join();
 	CHECK(received == per_thread);
 	CHECK(sent == per_thread);
+}
+
+/* ---- How peers reach registered memory (lib/mr_memory.h) ---- */
+
+namespace {
+
+enum class Reach { Shared, Cma, Bounce };
+
+/* What SHMVERBS_MEMORY_PATH and the environment must give. */
+Reach expected_reach(bool shareable)
+{
+	const char *v = std::getenv("SHMVERBS_MEMORY_PATH");
+	std::string policy = v && *v ? v : "auto";
+	const bool cma = cma_works();
+	if (policy == "bounce")
+		return Reach::Bounce;
+	if (policy == "cma")
+		return cma ? Reach::Cma : Reach::Bounce;
+	if (shareable)
+		return Reach::Shared;
+	return policy == "auto" && cma ? Reach::Cma : Reach::Bounce;
+}
+
+/* What the target really set up: its buffer page mapped from its memory
+ * file, or a bounce file, or neither (CMA). */
+Reach observed_reach(const TargetProc &t)
+{
+	if (mapped_from(t.pid, uintptr_t(t.addr), "shmverbs-memory"))
+		return Reach::Shared;
+	return mapped_from(t.pid, 0, "shmverbs-bounce") ? Reach::Bounce : Reach::Cma;
+}
+
+} // namespace
+
+TEST_CASE("each MR is reached by the path the policy and the environment allow",
+	  "[datapath][process][paths]")
+{
+	if (seccomp_mode)
+		REQUIRE_FALSE(cma_works());
+	for (BufKind kind : {BufKind::Heap, BufKind::File}) {
+		CAPTURE(kind == BufKind::Heap ? "heap" : "file");
+		TargetProc t(kind);
+		CHECK(int(observed_reach(t)) == int(expected_reach(kind == BufKind::Heap)));
+	}
+}
+
+TEST_CASE("dereg_mr makes the memory private again and a late remote write fails",
+	  "[datapath][process][paths]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	std::memcpy(n.buf.data(), "before-the-dereg", 16);
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	REQUIRE(wc.status == IBV_WC_SUCCESS);
+
+	t.send("dereg");
+	CHECK(t.line() == "dereged private\n");
+	/* The same rkey, after dereg_mr returned: refused, nothing placed. */
+	std::memcpy(n.buf.data(), "late-late-late!!", 16);
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 2) == 0);
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+	t.send("check");
+	std::string data;
+	for (int i = 0; i < 4 && data.rfind("data ", 0) != 0; i++)
+		data = t.line();
+	CHECK(data.rfind("data before-the-dereg|", 0) == 0);
+}
+
+TEST_CASE("fork() after reg_mr: the child does not see the parent's later remote writes",
+	  "[datapath][process][paths]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	t.send("fork");
+	REQUIRE(t.line() == "forked\n");
+	std::memcpy(n.buf.data(), "after-the-fork!!", 16);
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	REQUIRE(wc.status == IBV_WC_SUCCESS);
+	t.send("check"); /* lets the child print, then the target checks */
+	CHECK(t.line() == "child |\n"); /* fork-time contents: zeros */
+	CHECK(t.line().rfind("data after-the-fork!!|", 0) == 0);
 }

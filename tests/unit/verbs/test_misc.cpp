@@ -278,6 +278,42 @@ TEST_CASE("fork protection with RDMAV_FORK_SAFE: counted DONTFORK ranges", "[.][
 	munmap(p, 2 * ps);
 }
 
+TEST_CASE("fork protection with RDMAV_FORK_SAFE: reg_mr marks the range DONTFORK, dereg_mr "
+	  "releases it", "[.][fork-safe]")
+{
+	REQUIRE(std::getenv("RDMAV_FORK_SAFE"));
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	REQUIRE((list && n > 0));
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	REQUIRE(ctx);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	REQUIRE(pd);
+	long ps = sysconf(_SC_PAGESIZE);
+	auto *p = static_cast<char *>(
+		mmap(nullptr, 2 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+	REQUIRE(p != MAP_FAILED);
+	std::memset(p, 'x', 2 * ps);
+	/* Remote access: the pages are also made shareable (a new mapping),
+	 * which must not lose the advice. */
+	const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	struct ibv_mr *both = ibv_reg_mr(pd, p, 2 * ps, access);
+	REQUIRE(both);
+	struct ibv_mr *first = ibv_reg_mr(pd, p, 100, access);
+	REQUIRE(first);
+	CHECK_FALSE(child_can_read(p));
+	CHECK_FALSE(child_can_read(p + ps));
+	REQUIRE(ibv_dereg_mr(both) == 0);
+	CHECK_FALSE(child_can_read(p)); /* still registered by `first` */
+	CHECK(child_can_read(p + ps));
+	REQUIRE(ibv_dereg_mr(first) == 0);
+	CHECK(child_can_read(p));
+	munmap(p, 2 * ps);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+}
+
 /* ------------------------------------------------------------------------ */
 
 TEST_CASE("sysfs helpers read files like rdma-core", "[misc][sysfs]")
