@@ -55,6 +55,16 @@ struct Dev {
 		NEED(mr);
 		NEED(ibv_query_port(ctx, 1, &port) == 0);
 	}
+	/* Runs after the owner's destructor freed its QPs, CQs and SRQs. */
+	~Dev()
+	{
+		if (mr)
+			ibv_dereg_mr(mr);
+		if (pd)
+			ibv_dealloc_pd(pd);
+		if (ctx)
+			ibv_close_device(ctx);
+	}
 	struct ibv_sge sge(size_t off, uint32_t len)
 	{
 		return {uint64_t(uintptr_t(buf.data() + off)), len, mr->lkey};
