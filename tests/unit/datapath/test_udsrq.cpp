@@ -71,7 +71,7 @@ struct Dev {
 	}
 };
 
-int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 2000)
+int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 10000)
 {
 	auto end = Clock::now() + std::chrono::milliseconds(ms);
 	while (Clock::now() < end) {
@@ -83,7 +83,7 @@ int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 2000)
 	return 0;
 }
 
-bool wait_async(struct ibv_context *ctx, enum ibv_event_type type, void *element, int ms = 2000)
+bool wait_async(struct ibv_context *ctx, enum ibv_event_type type, void *element, int ms = 10000)
 {
 	auto end = Clock::now() + std::chrono::milliseconds(ms);
 	while (Clock::now() < end) {
@@ -304,7 +304,7 @@ struct Peer {
 		from = fdopen(out[0], "r");
 		setvbuf(to, nullptr, _IOLBF, 0);
 	}
-	std::string line(int ms = 5000)
+	std::string line(int ms = 15000)
 	{
 		struct pollfd p = {fileno(from), POLLIN, 0};
 		if (poll(&p, 1, ms) != 1)
