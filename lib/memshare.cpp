@@ -266,6 +266,19 @@ int copy_file_extents(int fd, uintptr_t s, uintptr_t e, char *dst)
 	return 0;
 }
 
+/* pwrite(2) of whole pages of this process. The pages moved to the memory
+ * file hold the registered buffer but also whatever else the allocator put
+ * around it (other objects, allocator headers, freed chunks): they are copied
+ * as raw pages, not read as an object. So this goes to the kernel directly,
+ * not through libc's pwrite(), which sanitizer runtimes intercept and check
+ * as a read of one application object (ASan reports the neighbours' redzones
+ * as a heap-buffer-overflow). */
+ssize_t write_raw_pages(int fd, uintptr_t lo, size_t len)
+{
+	return syscall(SYS_pwrite64, fd, reinterpret_cast<const void *>(lo), len,
+		       static_cast<off_t>(lo));
+}
+
 /* Writes the pages of [s, e) that hold data (present or swapped, per
  * /proc/self/pagemap) into the memory file at offset == address. Pages never
  * touched stay holes. Everything is copied when pagemap cannot be read. */
@@ -273,8 +286,7 @@ int copy_into_file(int fd, int pagemap_fd, uintptr_t s, uintptr_t e)
 {
 	auto put = [fd](uintptr_t lo, uintptr_t hi) -> int {
 		while (lo < hi) {
-			ssize_t n = pwrite(fd, reinterpret_cast<void *>(lo), hi - lo,
-					   static_cast<off_t>(lo));
+			ssize_t n = write_raw_pages(fd, lo, hi - lo);
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n <= 0)

@@ -417,10 +417,11 @@ Result<Mr> alloc_null_mr(Context &ctx, Pd &pd)
 
 /* ---- MWs ---- */
 
-Result<Mw> alloc_mw(Context &ctx, Pd &pd, enum ibv_mw_type type)
+Result<Mw> alloc_mw(Context &ctx, Pd &pd, uint32_t raw_type)
 {
-	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2)
+	if (raw_type != IBV_MW_TYPE_1 && raw_type != IBV_MW_TYPE_2)
 		return Err{EINVAL};
+	const auto type = static_cast<enum ibv_mw_type>(raw_type);
 	KeyTable &keys = KeyTable::of(*ctx.device);
 	uint32_t index;
 	if (int err = keys.reserve(KeyKind::Mw, index))

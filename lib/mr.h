@@ -252,7 +252,9 @@ struct Mw {
 };
 
 /* Types 1 and 2 (mlx5 has both); any other type: EINVAL, as uverbs. */
-Result<Mw> alloc_mw(Context &ctx, Pd &pd, enum ibv_mw_type type);
+/* raw_type: the application's enum ibv_mw_type, read as an integer
+ * (abi_enum_value) since it may be any value. */
+Result<Mw> alloc_mw(Context &ctx, Pd &pd, uint32_t raw_type);
 int dealloc_mw(Mw &mw);
 
 } // namespace shmverbs

@@ -19,6 +19,7 @@
  * the same files.
  */
 #include "srq.h"
+#include "abi_enum.h"
 #include "srq_ring.h"
 #include "device.h"
 #include "ids.h"
@@ -315,11 +316,12 @@ int close_xrcd(Xrcd &xrcd)
 Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 {
 	const uint32_t mask = attr.comp_mask;
-	const enum ibv_srq_type type = (mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr.srq_type
-								       : IBV_SRQT_BASIC;
+	const uint32_t raw_type = (mask & IBV_SRQ_INIT_ATTR_TYPE) ? abi_enum_value(attr.srq_type)
+								  : uint32_t{IBV_SRQT_BASIC};
 	/* libmlx5's mlx5_create_srq_ex(), in its order. */
-	if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC && type != IBV_SRQT_TM)
+	if (raw_type != IBV_SRQT_BASIC && raw_type != IBV_SRQT_XRC && raw_type != IBV_SRQT_TM)
 		return Err{EINVAL};
+	const auto type = static_cast<enum ibv_srq_type>(raw_type);
 	if (type == IBV_SRQT_TM) {
 		/* A tag-matching SRQ reports through an extended CQ. */
 		if (!attr.cq || to_context(attr.cq->context) != &ctx || !Cq::from(attr.cq)->extended)

@@ -17,6 +17,7 @@
  * ibv_bind_mw (EOPNOTSUPP until the data path exists; see lib/mr.h).
  */
 #include "abi.h"
+#include "abi_enum.h"
 #include "ops.h"
 
 #include "fork.h"
@@ -38,7 +39,7 @@ struct ibv_mw *ctx_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 	if (!c)
 		return fail_ptr<struct ibv_mw>(EINVAL);
 	return guard_ptr([&]() -> struct ibv_mw * {
-		Result<Mw> mw = alloc_mw(*c, *Pd::from(pd), type);
+		Result<Mw> mw = alloc_mw(*c, *Pd::from(pd), abi_enum_value(type));
 		if (mw)
 			mw->ibv.pd = pd;
 		return to_ptr(mw);

@@ -375,7 +375,7 @@ TEST_CASE("when no broker can be started, calls fail at once with an errno", "[b
 		auto start = std::chrono::steady_clock::now();
 		uint32_t id;
 		CHECK(client().alloc_id(0, ObjectKind::Qp, &id) == r.expected);
-		CHECK(std::chrono::steady_clock::now() - start < 2s);
+		CHECK(std::chrono::steady_clock::now() - start < 4s); /* well under the 5 s broker timeout */
 	}
 	setenv("SHMVERBS_BROKER", saved.c_str(), 1);
 	CHECK_FALSE(f.broker_alive());

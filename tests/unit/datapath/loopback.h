@@ -163,7 +163,7 @@ struct Pair {
 		return ibv_post_recv(s.qp, &wr, &bad);
 	}
 
-	static bool wait_wc(Side &s, struct ibv_wc &wc, int ms = 2000)
+	static bool wait_wc(Side &s, struct ibv_wc &wc, int ms = 10000)
 	{
 		auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
 		while (std::chrono::steady_clock::now() < end) {

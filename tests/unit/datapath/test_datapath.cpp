@@ -176,7 +176,7 @@ struct Node {
 	}
 
 	/* Waits (bounded) for one completion. */
-	bool wait_wc(struct ibv_wc &wc, int ms = 3000)
+	bool wait_wc(struct ibv_wc &wc, int ms = 10000)
 	{
 		auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
 		while (std::chrono::steady_clock::now() < end) {
@@ -370,7 +370,7 @@ struct TargetProc {
 		REQUIRE(std::sscanf(l.c_str(), "%u %u %llu", &qpn, &rkey, &a) == 3);
 		addr = a;
 	}
-	std::string line(int ms = 5000)
+	std::string line(int ms = 15000)
 	{
 		struct pollfd p = {fileno(from), POLLIN, 0};
 		if (poll(&p, 1, ms) != 1)

@@ -55,13 +55,23 @@ struct Dev {
 		NEED(mr);
 		NEED(ibv_query_port(ctx, 1, &port) == 0);
 	}
+	/* Runs after the owner's destructor freed its QPs, CQs and SRQs. */
+	~Dev()
+	{
+		if (mr)
+			ibv_dereg_mr(mr);
+		if (pd)
+			ibv_dealloc_pd(pd);
+		if (ctx)
+			ibv_close_device(ctx);
+	}
 	struct ibv_sge sge(size_t off, uint32_t len)
 	{
 		return {uint64_t(uintptr_t(buf.data() + off)), len, mr->lkey};
 	}
 };
 
-int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 2000)
+int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 10000)
 {
 	auto end = Clock::now() + std::chrono::milliseconds(ms);
 	while (Clock::now() < end) {
@@ -73,7 +83,7 @@ int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 2000)
 	return 0;
 }
 
-bool wait_async(struct ibv_context *ctx, enum ibv_event_type type, void *element, int ms = 2000)
+bool wait_async(struct ibv_context *ctx, enum ibv_event_type type, void *element, int ms = 10000)
 {
 	auto end = Clock::now() + std::chrono::milliseconds(ms);
 	while (Clock::now() < end) {
@@ -294,7 +304,7 @@ struct Peer {
 		from = fdopen(out[0], "r");
 		setvbuf(to, nullptr, _IOLBF, 0);
 	}
-	std::string line(int ms = 5000)
+	std::string line(int ms = 15000)
 	{
 		struct pollfd p = {fileno(from), POLLIN, 0};
 		if (poll(&p, 1, ms) != 1)

@@ -17,9 +17,15 @@ using namespace shmverbs;
 
 namespace {
 
+/* The ring is allocated with aligned new[]; it must be released with the
+ * matching aligned delete[] (the default deleter would use the unaligned one). */
+struct AlignedDelete {
+	void operator()(char *p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+
 struct RingMem {
 	uint32_t capacity;
-	std::unique_ptr<char[]> mem;
+	std::unique_ptr<char[], AlignedDelete> mem;
 	shm::CqRing *ring;
 
 	explicit RingMem(uint32_t cap) : capacity(cap)
