@@ -26,32 +26,46 @@ Segment *segments[64];
 /* Fds attached to every object we publish (attach_process_fd), -1 if none. */
 std::atomic<int> process_fds[broker::fd_slots] = {-1, -1, -1, -1};
 
-/* Peer cache: mapped segments by (pid, handle); objects by (dev, kind, id). */
-std::mutex peers_lock;
-std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerSegment>> peer_segments;
-std::map<std::tuple<uint32_t, uint8_t, uint32_t>, PeerObject> peer_objects;
-std::map<std::tuple<uint32_t, uint8_t, uint32_t>, int> channel_fds;
-bool handler_installed = false;
+/*
+ * Peer cache: mapped segments by (pid, handle); objects by (dev, kind, id).
+ * The broker client's reader thread (on_broker_event) and the progress
+ * thread use it until the process ends, after static destructors ran: it
+ * is allocated once and never destroyed.
+ */
+struct PeerCache {
+	std::mutex lock;
+	std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerSegment>> segments;
+	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, PeerObject> objects;
+	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, int> channel_fds;
+	bool handler_installed = false;
+};
+
+PeerCache &peers()
+{
+	static auto *cache = new PeerCache; /* never freed, see above */
+	return *cache;
+}
 
 void on_broker_event(const BrokerEvent &e)
 {
 	if (e.type != BrokerEvent::Type::PeerGone)
 		return;
 	forget_peer_memory(e.pid);
-	std::lock_guard guard(peers_lock);
-	for (auto &[key, seg] : peer_segments)
+	PeerCache &pc = peers();
+	std::lock_guard guard(pc.lock);
+	for (auto &[key, seg] : pc.segments)
 		if (seg->pid == e.pid)
 			seg->gone.store(true, std::memory_order_release);
 	/* Numbers of the departed process may be reused: forget them. */
-	for (auto it = peer_objects.begin(); it != peer_objects.end();)
-		it = it->second.seg->pid == e.pid ? peer_objects.erase(it) : std::next(it);
+	for (auto it = pc.objects.begin(); it != pc.objects.end();)
+		it = it->second.seg->pid == e.pid ? pc.objects.erase(it) : std::next(it);
 }
 
 void install_handler_locked()
 {
-	if (handler_installed)
+	if (peers().handler_installed)
 		return;
-	handler_installed = true;
+	peers().handler_installed = true;
 	BrokerClient::instance().set_event_handler(on_broker_event);
 }
 
@@ -134,7 +148,7 @@ int Segment::ensure_registered_locked(uint64_t *handle)
 {
 	BrokerClient &b = BrokerClient::instance();
 	{
-		std::lock_guard pg(peers_lock);
+		std::lock_guard pg(peers().lock);
 		install_handler_locked();
 	}
 	if (int err = b.connect())
@@ -260,10 +274,10 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 {
 	auto key = std::make_tuple(device, uint8_t(kind), id);
 	{
-		std::lock_guard guard(peers_lock);
+		std::lock_guard guard(peers().lock);
 		install_handler_locked();
-		auto it = peer_objects.find(key);
-		if (it != peer_objects.end()) {
+		auto it = peers().objects.find(key);
+		if (it != peers().objects.end()) {
 			if (!refresh && !it->second.seg->gone.load(std::memory_order_acquire)) {
 				out = it->second;
 				uint64_t v = pack_object(device, kind, id);
@@ -271,15 +285,15 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 					out.seg->via.store(v, std::memory_order_relaxed);
 				return 0;
 			}
-			peer_objects.erase(it);
+			peers().objects.erase(it);
 		}
 	}
 	ResolvedObject r;
 	if (int err = BrokerClient::instance().resolve({device, kind, id}, &r))
 		return err;
 
-	std::lock_guard guard(peers_lock);
-	auto &seg = peer_segments[{r.owner_pid, r.segment}];
+	std::lock_guard guard(peers().lock);
+	auto &seg = peers().segments[{r.owner_pid, r.segment}];
 	if (!seg || seg->gone.load()) {
 		auto s = std::make_shared<PeerSegment>();
 		s->pid = r.owner_pid;
@@ -324,19 +338,19 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 	out.seg = seg;
 	out.off = r.offset;
 	seg->via.store(pack_object(device, kind, id), std::memory_order_relaxed);
-	peer_objects[key] = out;
+	peers().objects[key] = out;
 	return 0;
 }
 
 void forget_object(uint32_t device, broker::ObjectKind kind, uint32_t id)
 {
-	std::lock_guard guard(peers_lock);
-	peer_objects.erase(std::make_tuple(device, uint8_t(kind), id));
-	auto it = channel_fds.find(std::make_tuple(device, uint8_t(kind), id));
-	if (it != channel_fds.end()) {
+	std::lock_guard guard(peers().lock);
+	peers().objects.erase(std::make_tuple(device, uint8_t(kind), id));
+	auto it = peers().channel_fds.find(std::make_tuple(device, uint8_t(kind), id));
+	if (it != peers().channel_fds.end()) {
 		if (it->second >= 0)
 			::close(it->second);
-		channel_fds.erase(it);
+		peers().channel_fds.erase(it);
 	}
 }
 
@@ -344,16 +358,16 @@ int fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id)
 {
 	auto key = std::make_tuple(device, uint8_t(kind), id);
 	{
-		std::lock_guard guard(peers_lock);
-		auto it = channel_fds.find(key);
-		if (it != channel_fds.end())
+		std::lock_guard guard(peers().lock);
+		auto it = peers().channel_fds.find(key);
+		if (it != peers().channel_fds.end())
 			return it->second;
 	}
 	int fd = -1;
 	if (BrokerClient::instance().fetch_fd({device, kind, id}, 0, &fd) != 0)
 		fd = -1;
-	std::lock_guard guard(peers_lock);
-	auto [it, inserted] = channel_fds.emplace(key, fd);
+	std::lock_guard guard(peers().lock);
+	auto [it, inserted] = peers().channel_fds.emplace(key, fd);
 	if (!inserted && fd >= 0)
 		::close(fd);
 	return it->second;
