@@ -37,7 +37,6 @@ struct PeerCache {
 	std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerSegment>> segments;
 	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, PeerObject> objects;
 	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, int> channel_fds;
-	bool handler_installed = false;
 };
 
 PeerCache &peers()
@@ -61,12 +60,16 @@ void on_broker_event(const BrokerEvent &e)
 		it = it->second.seg->pid == e.pid ? pc.objects.erase(it) : std::next(it);
 }
 
-void install_handler_locked()
+/*
+ * Lock order: peers().lock before a Segment's lock_ (resolve_object() asks
+ * our own segment for its lock fd under peers().lock), never the reverse.
+ * Installing the handler takes neither, so Segment::publish() can do it
+ * while it holds lock_.
+ */
+void install_handler()
 {
-	if (peers().handler_installed)
-		return;
-	peers().handler_installed = true;
-	BrokerClient::instance().set_event_handler(on_broker_event);
+	static std::once_flag once;
+	std::call_once(once, [] { BrokerClient::instance().set_event_handler(on_broker_event); });
 }
 
 } // namespace
@@ -147,10 +150,7 @@ void Segment::free(uint64_t off, uint64_t bytes)
 int Segment::ensure_registered_locked(uint64_t *handle)
 {
 	BrokerClient &b = BrokerClient::instance();
-	{
-		std::lock_guard pg(peers().lock);
-		install_handler_locked();
-	}
+	install_handler();
 	if (int err = b.connect())
 		return err;
 	uint64_t gen = b.generation();
@@ -274,8 +274,8 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 {
 	auto key = std::make_tuple(device, uint8_t(kind), id);
 	{
+		install_handler();
 		std::lock_guard guard(peers().lock);
-		install_handler_locked();
 		auto it = peers().objects.find(key);
 		if (it != peers().objects.end()) {
 			if (!refresh && !it->second.seg->gone.load(std::memory_order_acquire)) {
