@@ -314,7 +314,9 @@ TEST_CASE("another process stores and CPU atomics land in the registered pages",
 	munmap(buf, 2 * kPage);
 }
 
-TEST_CASE("no write by another thread is lost while pages are switched", "[memshare][threads]")
+/* Tagged [write-barrier]: not run under ThreadSanitizer (tests/meson.build). */
+TEST_CASE("no write by another thread is lost while pages are switched",
+	  "[memshare][threads][write-barrier]")
 {
 	constexpr int kThreads = 3;
 	char *buf = map_anon(4 * kPage);
