@@ -20,38 +20,49 @@ namespace shmverbs {
 
 namespace {
 
-std::mutex lock;
-std::condition_variable wake;
-std::set<QpEngine *> *engines;
-std::map<void *, void (*)(void *)> *pollers;
-bool started = false;
-bool kicked = false;
+/*
+ * The thread is detached and runs until the process ends, so everything it
+ * touches lives as long: the state is allocated once and never destroyed.
+ * (As plain statics, the condition variable and containers were destroyed by
+ * exit()'s static destructors while the thread still waited on them.)
+ */
+struct ProgressState {
+	std::mutex lock;
+	std::condition_variable wake;
+	std::set<QpEngine *> engines;
+	std::map<void *, void (*)(void *)> pollers;
+	bool started = false;
+	bool kicked = false;
+};
+
+ProgressState &state()
+{
+	static auto *s = new ProgressState; /* never freed, see above */
+	return *s;
+}
 
 void thread_main()
 {
-	std::unique_lock guard(lock);
+	ProgressState &st = state();
+	std::unique_lock guard(st.lock);
 	for (;;) {
 		bool busy = false;
-		for (QpEngine *e : *engines) {
+		for (QpEngine *e : st.engines) {
 			e->check_remote_errors();
 			busy |= e->progress();
 		}
-		for (auto &[arg, fn] : *pollers)
+		for (auto &[arg, fn] : st.pollers)
 			fn(arg);
-		wake.wait_for(guard, std::chrono::milliseconds(busy ? 1 : 10), [] { return kicked; });
-		kicked = false;
+		st.wake.wait_for(guard, std::chrono::milliseconds(busy ? 1 : 10),
+				 [&st] { return st.kicked; });
+		st.kicked = false;
 	}
 }
 
-/* The containers are never freed: the thread outlives main. */
-void start_locked()
+void start_locked(ProgressState &st)
 {
-	if (!engines) {
-		engines = new std::set<QpEngine *>;
-		pollers = new std::map<void *, void (*)(void *)>;
-	}
-	if (!started) {
-		started = true;
+	if (!st.started) {
+		st.started = true;
 		std::thread(thread_main).detach();
 	}
 }
@@ -60,35 +71,40 @@ void start_locked()
 
 void progress_register(QpEngine *e)
 {
-	std::lock_guard guard(lock);
-	start_locked();
-	engines->insert(e);
+	ProgressState &st = state();
+	std::lock_guard guard(st.lock);
+	start_locked(st);
+	st.engines.insert(e);
 }
 
 void progress_register_poller(void *arg, void (*fn)(void *))
 {
-	std::lock_guard guard(lock);
-	start_locked();
-	(*pollers)[arg] = fn;
+	ProgressState &st = state();
+	std::lock_guard guard(st.lock);
+	start_locked(st);
+	st.pollers[arg] = fn;
 }
 
 void progress_unregister_poller(void *arg)
 {
-	std::lock_guard guard(lock);
-	pollers->erase(arg);
+	ProgressState &st = state();
+	std::lock_guard guard(st.lock);
+	st.pollers.erase(arg);
 }
 
 void progress_unregister(QpEngine *e)
 {
-	std::lock_guard guard(lock);
-	engines->erase(e);
+	ProgressState &st = state();
+	std::lock_guard guard(st.lock);
+	st.engines.erase(e);
 }
 
 void progress_kick()
 {
-	std::lock_guard guard(lock);
-	kicked = true;
-	wake.notify_one();
+	ProgressState &st = state();
+	std::lock_guard guard(st.lock);
+	st.kicked = true;
+	st.wake.notify_one();
 }
 
 } // namespace shmverbs

@@ -26,43 +26,50 @@ Segment *segments[64];
 /* Fds attached to every object we publish (attach_process_fd), -1 if none. */
 std::atomic<int> process_fds[broker::fd_slots] = {-1, -1, -1, -1};
 
-/* Peer cache: mapped segments by (pid, handle); objects by (dev, kind, id).
- * Never destroyed: the broker's reader thread (on_broker_event, e.g. for a
- * peer that exits at the same time as we do) and the progress thread use it
- * while static destructors run at exit. */
+/*
+ * Peer cache: mapped segments by (pid, handle); objects by (dev, kind, id).
+ * The broker client's reader thread (on_broker_event) and the progress
+ * thread use it until the process ends, after static destructors ran: it
+ * is allocated once and never destroyed.
+ */
 struct PeerCache {
 	std::mutex lock;
 	std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerSegment>> segments;
 	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, PeerObject> objects;
 	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, int> channel_fds;
 };
+
 PeerCache &peers()
 {
-	static auto *cache = new PeerCache;
+	static auto *cache = new PeerCache; /* never freed, see above */
 	return *cache;
 }
-bool handler_installed = false;
 
 void on_broker_event(const BrokerEvent &e)
 {
 	if (e.type != BrokerEvent::Type::PeerGone)
 		return;
 	forget_peer_memory(e.pid);
-	std::lock_guard guard(peers().lock);
-	for (auto &[key, seg] : peers().segments)
+	PeerCache &pc = peers();
+	std::lock_guard guard(pc.lock);
+	for (auto &[key, seg] : pc.segments)
 		if (seg->pid == e.pid)
 			seg->gone.store(true, std::memory_order_release);
 	/* Numbers of the departed process may be reused: forget them. */
-	for (auto it = peers().objects.begin(); it != peers().objects.end();)
-		it = it->second.seg->pid == e.pid ? peers().objects.erase(it) : std::next(it);
+	for (auto it = pc.objects.begin(); it != pc.objects.end();)
+		it = it->second.seg->pid == e.pid ? pc.objects.erase(it) : std::next(it);
 }
 
-void install_handler_locked()
+/*
+ * Lock order: peers().lock before a Segment's lock_ (resolve_object() asks
+ * our own segment for its lock fd under peers().lock), never the reverse.
+ * Installing the handler takes neither, so Segment::publish() can do it
+ * while it holds lock_.
+ */
+void install_handler()
 {
-	if (handler_installed)
-		return;
-	handler_installed = true;
-	BrokerClient::instance().set_event_handler(on_broker_event);
+	static std::once_flag once;
+	std::call_once(once, [] { BrokerClient::instance().set_event_handler(on_broker_event); });
 }
 
 } // namespace
@@ -143,10 +150,7 @@ void Segment::free(uint64_t off, uint64_t bytes)
 int Segment::ensure_registered_locked(uint64_t *handle)
 {
 	BrokerClient &b = BrokerClient::instance();
-	{
-		std::lock_guard pg(peers().lock);
-		install_handler_locked();
-	}
+	install_handler();
 	if (int err = b.connect())
 		return err;
 	uint64_t gen = b.generation();
@@ -270,8 +274,8 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 {
 	auto key = std::make_tuple(device, uint8_t(kind), id);
 	{
+		install_handler();
 		std::lock_guard guard(peers().lock);
-		install_handler_locked();
 		auto it = peers().objects.find(key);
 		if (it != peers().objects.end()) {
 			if (!refresh && !it->second.seg->gone.load(std::memory_order_acquire)) {
