@@ -139,6 +139,28 @@ bool pid_dead(uint32_t pid)
 
 unsigned log2_of(uint32_t capacity) { return unsigned(__builtin_ctz(capacity)); }
 
+uint64_t monotonic_ns()
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+/* Nothing to poll and no overrun to report: a couple of loads, no lock.
+ * A snapshot, as any poll is: a completion published meanwhile is found
+ * by the next poll. */
+bool surely_empty(const Cq &cq)
+{
+	const shm::CqRing &r = *cq.ring;
+	return r.cons.load(std::memory_order_relaxed) == r.prod.load(std::memory_order_acquire) &&
+	       !r.overrun.load(std::memory_order_relaxed);
+}
+
+/* The CQ whose ibv_start_poll() batch this thread is inside (its lock held),
+ * if any: completions this thread produces into it meanwhile are deferred
+ * to end_poll() (see deliver_completion()). */
+thread_local Cq *polling_batch = nullptr;
+
 } // namespace
 
 bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
@@ -243,12 +265,15 @@ int ex_start_poll(struct ibv_cq_ex *ibcq, struct ibv_poll_cq_attr *attr)
 	if (attr && attr->comp_mask)
 		return EINVAL;
 	Cq &cq = *Cq::from(ibcq);
+	if (surely_empty(cq))
+		return ENOENT;
 	cq.lock.lock();
 	report_overrun(cq);
 	if (!load_current(cq)) {
 		cq.lock.unlock();
 		return ENOENT;
 	}
+	polling_batch = &cq;
 	return 0;
 }
 
@@ -260,7 +285,17 @@ int ex_next_poll(struct ibv_cq_ex *ibcq)
 
 void ex_end_poll(struct ibv_cq_ex *ibcq)
 {
-	Cq::from(ibcq)->lock.unlock();
+	Cq &cq = *Cq::from(ibcq);
+	polling_batch = nullptr;
+	if (cq.deferred.empty()) {
+		cq.lock.unlock();
+		return;
+	}
+	std::vector<Completion> now;
+	now.swap(cq.deferred);
+	cq.lock.unlock();
+	for (const Completion &c : now)
+		deliver_completion(cq, c);
 }
 
 const Completion &cur(struct ibv_cq_ex *ibcq) { return Cq::from(ibcq)->current; }
@@ -458,6 +493,9 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 	cq->ring->magic = shm::cq_magic;
 	cq->ring->capacity = capacity;
 	cq->ring->limit.store(cqe);
+	cq->ring->timestamps = (attr.wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+						 IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK))
+				       ? 1 : 0;
 	cq->ctx = &ctx;
 	cq->channel = attr.channel ? CompChannel::from(attr.channel) : nullptr;
 	cq->wc_flags = attr.wc_flags;
@@ -527,6 +565,7 @@ int resize_cq(Cq &cq, int cqe)
 		fresh->magic = shm::cq_magic;
 		fresh->capacity = capacity;
 		fresh->ignore_overrun.store(ring.ignore_overrun.load());
+		fresh->timestamps = ring.timestamps;
 		fresh->arm.store(ring.arm.load());
 		fresh->fired.store(ring.fired.load());
 		fresh->overrun.store(ring.overrun.load());
@@ -605,6 +644,8 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 		return 0;
 	if (!wc)
 		return -EINVAL;
+	if (surely_empty(cq))
+		return 0;
 	std::lock_guard guard(cq.lock);
 	report_overrun(cq);
 	int n = 0;
@@ -747,6 +788,10 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 		}
 	}
 	fill_entry(*e, c);
+	/* The completion's time is when it is written; only CQs that report
+	 * it pay for the clock (an entry may come stamped: the test hook). */
+	if (ring.timestamps && !c.timestamp_ns)
+		e->timestamp_ns = monotonic_ns();
 	bool sol = counts_as_solicited(c);
 	/* Pairs with the consumer's acquire load of the state. */
 	e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(p, lg), std::memory_order_seq_cst);
@@ -758,6 +803,15 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 
 int deliver_completion(Cq &cq, const Completion &c)
 {
+	/* This thread is inside an ibv_start_poll() batch of this very CQ (it
+	 * posted from there, as rc_pingpong does): the completion appears at
+	 * end_poll(). A device's completion is never visible to the poll batch
+	 * that was running when the work request was posted, and its event
+	 * fires for a CQE that is still there to poll after the event. */
+	if (polling_batch == &cq) {
+		cq.deferred.push_back(c);
+		return 0;
+	}
 	bool overrun_now = false;
 	int err = cq_ring_produce(*cq.ring, cq.capacity, c, cq.channel ? cq.channel->ibv.fd : -1,
 				  &overrun_now);

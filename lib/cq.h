@@ -92,6 +92,9 @@ struct Cq {
 	uint32_t capacity = 0;         /* slots, copied from the ring at creation */
 	bool overrun_reported = false; /* IBV_EVENT_CQ_ERR was raised (under lock) */
 	Completion current{};          /* the entry ibv_cq_ex read_* report */
+	/* Completions the thread inside a start_poll() batch produced into this
+	 * CQ, published at end_poll() (deliver_completion()); under lock. */
+	std::vector<Completion> deferred;
 
 	/* Arming lives in the ring (ring->arm) so that producers in other
 	 * processes can fire; arm_lock only orders local moderation updates. */

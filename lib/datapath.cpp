@@ -74,7 +74,7 @@ KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
 }
 
 /* Local SGEs checked against our key table; iovecs of our memory. */
-enum ibv_wc_status local_iovecs(uint32_t device, uint32_t pdn, const std::vector<ibv_sge> &sges,
+enum ibv_wc_status local_iovecs(uint32_t device, uint32_t pdn, const SmallVec<ibv_sge, 4> &sges,
 				uint32_t access, std::vector<struct iovec> &out,
 				std::vector<KeyRef> &refs, uint64_t &total)
 {
@@ -101,12 +101,6 @@ enum ibv_wc_status local_iovecs(uint32_t device, uint32_t pdn, const std::vector
 	}
 	return IBV_WC_SUCCESS;
 }
-
-/* A validated view of a target QP. */
-struct Target {
-	PeerObject obj;
-	shm::QpDesc *desc = nullptr;
-};
 
 /* A CQ ring in a peer's segment, geometry validated. */
 shm::CqRing *peer_cq(const PeerSegment &seg, uint64_t off, uint32_t &capacity)
@@ -172,9 +166,8 @@ Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_w
 	c.wc.status = status;
 	c.wc.opcode = op;
 	c.wc.qp_num = qpn;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	c.timestamp_ns = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+	/* timestamp_ns 0: the CQ ring stamps it when written, if its CQ
+	 * reports timestamps (cq_ring_produce). */
 	return c;
 }
 
@@ -456,6 +449,75 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 	return 0;
 }
 
+int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
+{
+	const QpCaps &caps = qp_.core->caps;
+	w.opcode = wr->opcode;
+	w.wr_id = wr->wr_id;
+	w.send_flags = wr->send_flags;
+	w.imm_data = wr->imm_data;
+	w.sge.clear();
+	w.inline_data.clear();
+	if (wr->send_flags & IBV_SEND_INLINE) {
+		size_t total = 0;
+		for (int i = 0; i < wr->num_sge; i++)
+			total += wr->sg_list[i].length;
+		if (total > caps.created.max_inline_data)
+			return EINVAL;
+		for (int i = 0; i < wr->num_sge; i++)
+			w.inline_data.append(reinterpret_cast<const char *>(wr->sg_list[i].addr),
+					     wr->sg_list[i].length);
+	} else {
+		w.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
+	}
+	w.remote_addr = wr->wr.rdma.remote_addr;
+	w.rkey = wr->wr.rdma.rkey;
+	w.compare_add = 0;
+	w.swap = 0;
+	if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		w.remote_addr = wr->wr.atomic.remote_addr;
+		w.rkey = wr->wr.atomic.rkey;
+		w.compare_add = wr->wr.atomic.compare_add;
+		w.swap = wr->wr.atomic.swap;
+	}
+	w.remote_qpn = 0;
+	w.remote_qkey = 0;
+	w.xrc_srqn = 0;
+	if (type_ == IBV_QPT_UD) {
+		struct ibv_ah *ah = wr->wr.ud.ah;
+		if (!ah || to_context(ah->context) != qp_.ctx)
+			return EINVAL;
+		w.ah_attr = Ah::from(ah)->attr;
+		w.remote_qpn = wr->wr.ud.remote_qpn;
+		w.remote_qkey = wr->wr.ud.remote_qkey;
+	}
+	if (type_ == IBV_QPT_XRC_SEND)
+		w.xrc_srqn = wr->qp_type.xrc.remote_srqn;
+	w.rnr_left = -1;
+	w.not_before = {};
+	w.give_up = {};
+	w.peer_dead = false;
+	return 0;
+}
+
+bool QpEngine::run_now(SendWr &wr, bool &fatal)
+{
+	struct ibv_wc wc{};
+	Outcome o = execute(wr, wc);
+	if (o == Outcome::Wait)
+		return false;
+	complete_send(wr, wc.status, wc);
+	fatal = o == Outcome::Fatal;
+	return true;
+}
+
+/*
+ * Posting executes in the calling thread, in order. While the queue is empty
+ * (nothing waits for RNR or an unreachable peer) a WR runs at once from
+ * scratch_ and never enters the queue; once one waits, everything behind it
+ * is queued and the progress thread takes over. After a fatal completion the
+ * rest is queued too and flushed when the QP enters ERR.
+ */
 int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
 	int st = state_.load();
@@ -466,6 +528,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 	}
 	const QpCaps &caps = qp_.core->caps;
 	int err = 0;
+	bool fatal = false, queued = false;
 	{
 		std::lock_guard guard(sq_lock_);
 		for (; wr; wr = wr->next) {
@@ -478,57 +541,34 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				err = ENOMEM;
 				break;
 			}
-			SendWr w{};
-			w.opcode = wr->opcode;
-			w.wr_id = wr->wr_id;
-			w.send_flags = wr->send_flags;
-			w.imm_data = wr->imm_data;
-			if (wr->send_flags & IBV_SEND_INLINE) {
-				size_t total = 0;
-				for (int i = 0; i < wr->num_sge; i++)
-					total += wr->sg_list[i].length;
-				if (total > caps.created.max_inline_data) {
-					err = EINVAL;
+			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR) {
+				if ((err = fill(scratch_, wr)))
 					break;
+				if (!run_now(scratch_, fatal)) {
+					sq_.push_back(std::move(scratch_));
+					queued = true;
 				}
-				w.inline_data.reserve(total);
-				for (int i = 0; i < wr->num_sge; i++) {
-					const char *p = reinterpret_cast<const char *>(wr->sg_list[i].addr);
-					w.inline_data.insert(w.inline_data.end(), p, p + wr->sg_list[i].length);
-				}
-			} else {
-				w.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
+				continue;
 			}
-			w.remote_addr = wr->wr.rdma.remote_addr;
-			w.rkey = wr->wr.rdma.rkey;
-			if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-			    wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-				w.remote_addr = wr->wr.atomic.remote_addr;
-				w.rkey = wr->wr.atomic.rkey;
-				w.compare_add = wr->wr.atomic.compare_add;
-				w.swap = wr->wr.atomic.swap;
+			SendWr &w = sq_.emplace_back();
+			if ((err = fill(w, wr))) {
+				sq_.pop_back();
+				break;
 			}
-			if (type_ == IBV_QPT_UD) {
-				struct ibv_ah *ah = wr->wr.ud.ah;
-				if (!ah || to_context(ah->context) != qp_.ctx) {
-					err = EINVAL;
-					break;
-				}
-				w.ah_attr = Ah::from(ah)->attr;
-				w.remote_qpn = wr->wr.ud.remote_qpn;
-				w.remote_qkey = wr->wr.ud.remote_qkey;
-			}
-			if (type_ == IBV_QPT_XRC_SEND)
-				w.xrc_srqn = wr->qp_type.xrc.remote_srqn;
-			sq_.push_back(std::move(w));
+			queued = true;
 		}
 		if (state_.load() == IBV_QPS_ERR)
 			flush_locked();
 	}
 	if (err)
 		*bad_wr = wr;
-	if (progress())
+	if (fatal) {
+		/* RC: the QP enters ERR and flushes the rest; unreliable QPs
+		 * too (simplification of SQE). */
+		qp_async_error(qp_, IBV_QPS_ERR);
+	} else if (queued && progress()) {
 		progress_kick();
+	}
 	return err;
 }
 
@@ -538,17 +578,24 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
 	    type_ == IBV_QPT_XRC_RECV)
 		return EINVAL;
+	bool fatal = false, queued = false;
 	{
 		std::lock_guard guard(sq_lock_);
 		if (sq_.size() + batch.size() > qp_.core->caps.created.max_send_wr)
 			return ENOMEM;
-		for (SendWr &w : batch)
+		for (SendWr &w : batch) {
+			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR && run_now(w, fatal))
+				continue;
 			sq_.push_back(std::move(w));
+			queued = true;
+		}
 		if (state_.load() == IBV_QPS_ERR)
 			flush_locked();
 	}
 	batch.clear();
-	if (progress())
+	if (fatal)
+		qp_async_error(qp_, IBV_QPS_ERR);
+	else if (queued && progress())
 		progress_kick();
 	return 0;
 }
@@ -622,9 +669,18 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	if (wr.opcode == IBV_WR_LOCAL_INV || wr.opcode == IBV_WR_BIND_MW)
 		return fail(IBV_WC_LOC_QP_OP_ERR);
 
-	/* The local side first: gather (or scatter, for READ/atomics). */
-	std::vector<struct iovec> local;
-	std::vector<KeyRef> local_refs;
+	/* The local side first: gather (or scatter, for READ/atomics). The
+	 * vectors are this thread's, kept with their capacity (execute never
+	 * nests): no allocation per WR. */
+	static thread_local std::vector<struct iovec> local;
+	static thread_local std::vector<KeyRef> local_refs;
+	local.clear();
+	local_refs.clear();
+	/* Local keys stay held until the WR is done, remote ones are released
+	 * on the way; whatever path returns, ours go then. */
+	struct ReleaseLocal {
+		~ReleaseLocal() { local_refs.clear(); }
+	} release_local;
 	uint64_t length = 0;
 	const bool into_local = wr.opcode == IBV_WR_RDMA_READ ||
 		wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -638,17 +694,33 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	}
 	wc.byte_len = uint32_t(length);
 	if (type_ == IBV_QPT_UD)
-		return execute_ud(wr, wc, local, length);
+		return execute_ud(wr, wc, local.data(), int(local.size()), length);
 
-	/* The target QP. */
-	uint32_t target_qpn = type_ == IBV_QPT_UD ? wr.remote_qpn : attr_.dest_qp_num;
-	Target t;
-	int err = resolve_object(device_, broker::ObjectKind::Qp, target_qpn, t.obj);
-	if (!err) {
-		t.desc = t.obj.seg->at<shm::QpDesc>(t.obj.off);
-		if (!t.desc || t.desc->magic != shm::qp_magic || t.desc->qpn != target_qpn)
-			err = ENOENT;
+	/* The target QP: the one resolved last while it is still valid (its
+	 * segment not gone, the descriptor still this number's), else through
+	 * the broker cache. */
+	uint32_t target_qpn = attr_.dest_qp_num;
+	int err = 0;
+	if (!target_.desc || target_.qpn != target_qpn ||
+	    target_.seg->gone.load(std::memory_order_acquire) ||
+	    target_.desc->magic != shm::qp_magic || target_.desc->qpn != target_qpn) {
+		target_ = {};
+		PeerObject obj;
+		err = resolve_object(device_, broker::ObjectKind::Qp, target_qpn, obj);
+		if (!err) {
+			auto *d = obj.seg->at<shm::QpDesc>(obj.off);
+			if (!d || d->magic != shm::qp_magic || d->qpn != target_qpn) {
+				err = ENOENT;
+			} else {
+				target_.seg = std::move(obj.seg);
+				target_.desc = d;
+				target_.qpn = target_qpn;
+			}
+		}
 	}
+	struct {
+		shm::QpDesc *desc;
+	} t = {target_.desc};
 	auto unreachable = [&]() {
 		if (!reliable) {
 			wc.status = IBV_WC_SUCCESS; /* unreliable: lost on the wire */
@@ -665,11 +737,12 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		}
 		return fail(IBV_WC_RETRY_EXC_ERR);
 	};
-	if (err || !t.obj.seg->alive())
+	if (err || !target_.seg->alive())
 		return unreachable();
 	Inflight inflight(t.desc);
 	if (t.desc->dead.load(std::memory_order_seq_cst)) {
 		forget_object(device_, broker::ObjectKind::Qp, target_qpn);
+		target_.desc = nullptr; /* resolved afresh next time */
 		return unreachable();
 	}
 	uint32_t tstate = t.desc->state.load(std::memory_order_acquire);
@@ -681,7 +754,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		wc.status = IBV_WC_SUCCESS; /* qkey mismatch: silently dropped */
 		return Outcome::Done;
 	}
-	const PeerSegment &peer = *t.obj.seg;
+	const PeerSegment &peer = *target_.seg;
 
 	/* Where an incoming message takes its receive WQE and writes its
 	 * completion: the QP's RQ and receive CQ; the QP's SRQ (basic) and
@@ -773,8 +846,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 				goto rnr;
 			}
 		}
-		if (length && remote_memory_for(peer, *ref).write(peer, *ref, ref.address_of(wr.remote_addr),
-								  local.data(), int(local.size())))
+		if (length && remote_write(peer, *ref, ref.address_of(wr.remote_addr), local.data(),
+					   int(local.size())))
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		ref.release();
 		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
@@ -796,8 +869,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			responder_error(shm::remote_error_access);
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		}
-		if (length && remote_memory_for(peer, *ref).read(peer, *ref, ref.address_of(wr.remote_addr),
-								 local.data(), int(local.size())))
+		if (length && remote_read(peer, *ref, ref.address_of(wr.remote_addr), local.data(),
+					  int(local.size())))
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		wc.status = IBV_WC_SUCCESS;
 		return Outcome::Done;
@@ -813,9 +886,20 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		}
 		uint64_t old = 0;
 		AtomicOp op = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? AtomicOp::CmpSwp : AtomicOp::FetchAdd;
-		if (remote_memory_for(peer, *ref).atomic(peer, *ref, ref.address_of(wr.remote_addr), op,
-							 wr.compare_add, wr.swap, &old))
+		const uint64_t at = ref.address_of(wr.remote_addr);
+		if (char *p = cached_window(peer, *ref, at, 8)) {
+			/* The target's physical page: a CPU atomic. */
+			std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t *>(p));
+			if (op == AtomicOp::FetchAdd) {
+				old = word.fetch_add(wr.compare_add);
+			} else {
+				old = wr.compare_add;
+				word.compare_exchange_strong(old, wr.swap);
+			}
+		} else if (remote_memory_for(peer, *ref).atomic(peer, *ref, at, op, wr.compare_add,
+								wr.swap, &old)) {
 			return fail(IBV_WC_REM_ACCESS_ERR);
+		}
 		ref.release();
 		/* The original value lands in the first 8 bytes of the local SGEs. */
 		char *p = reinterpret_cast<char *>(&old);
@@ -842,7 +926,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			return fail(st);
 		const PeerSegment *rq_seg = rs.seg;
 		shm::RecvWqe wqe{};
-		std::vector<shm::RecvSge> rsges;
+		static thread_local std::vector<shm::RecvSge> rsges;
 		if (!consume_wqe(rs.q, wqe, rsges)) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC/UD: dropped silently */
@@ -874,13 +958,20 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			rc.wc.status = IBV_WC_LOC_LEN_ERR;
 			sender = IBV_WC_REM_INV_REQ_ERR;
 		} else {
-			/* Scatter: gather into one buffer, then place it piece
-			 * by piece into the receive SGEs. */
-			std::vector<char> data(length);
-			size_t at = 0;
-			for (const struct iovec &v : local) {
-				std::memcpy(data.data() + at, v.iov_base, v.iov_len);
-				at += v.iov_len;
+			/* Scatter: one contiguous source (gathered first when
+			 * the WR has several pieces), placed piece by piece
+			 * into the receive SGEs. */
+			static thread_local std::vector<char> gathered;
+			const char *data = local.empty() ? nullptr
+							 : static_cast<const char *>(local[0].iov_base);
+			if (local.size() > 1) {
+				gathered.resize(length);
+				size_t at = 0;
+				for (const struct iovec &v : local) {
+					std::memcpy(gathered.data() + at, v.iov_base, v.iov_len);
+					at += v.iov_len;
+				}
+				data = gathered.data();
 			}
 			uint64_t pos = 0;  /* position in the message incl. GRH */
 			for (const shm::RecvSge &s : rsges) {
@@ -898,9 +989,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 				uint64_t from = pos < skip ? 0 : pos - skip;
 				uint64_t grh = pos < skip ? std::min(n, skip - pos) : 0;
 				if (n > grh) {
-					struct iovec v = {data.data() + from, size_t(n - grh)};
-					if (remote_memory_for(*rq_seg, *ref).write(
-						    *rq_seg, *ref, ref.address_of(s.addr + grh), &v, 1)) {
+					struct iovec v = {const_cast<char *>(data) + from, size_t(n - grh)};
+					if (remote_write(*rq_seg, *ref, ref.address_of(s.addr + grh), &v, 1)) {
 						rc.wc.status = IBV_WC_LOC_PROT_ERR;
 						sender = IBV_WC_REM_OP_ERR;
 						break;
@@ -932,6 +1022,62 @@ rnr:
 	wr.not_before = Clock::now() +
 		scaled_us(rnr_timer_us[t.desc->min_rnr_timer.load() & 31]);
 	return Outcome::Wait;
+}
+
+/* ---- Target memory ---- */
+
+/* A local pointer to [addr, addr + len) of a peer's Shared MR through the
+ * windows kept in the engine (sq_lock_ held); nullptr when the MR takes
+ * another path or no window can be had (the generic path then answers). */
+char *QpEngine::cached_window(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
+			      uint64_t len)
+{
+	if (peer.local || mr.path != MemPath::Shared)
+		return nullptr;
+	if (windows_[0].covers(peer, addr, len))
+		return windows_[0].at(addr);
+	if (windows_[1].covers(peer, addr, len)) {
+		std::swap(windows_[0], windows_[1]);
+		return windows_[0].at(addr);
+	}
+	SharedWindow w;
+	if (shared_window(peer, mr, w) || !w.covers(peer, addr, len))
+		return nullptr;
+	windows_[1] = std::move(windows_[0]);
+	windows_[0] = std::move(w);
+	return windows_[0].at(addr);
+}
+
+int QpEngine::remote_write(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
+			   const struct iovec *local, int count)
+{
+	uint64_t total = 0;
+	for (int i = 0; i < count; i++)
+		total += local[i].iov_len;
+	char *to = cached_window(peer, mr, addr, total);
+	if (!to)
+		return remote_memory_for(peer, mr).write(peer, mr, addr, local, count);
+	for (int i = 0; i < count; i++) {
+		std::memcpy(to, local[i].iov_base, local[i].iov_len);
+		to += local[i].iov_len;
+	}
+	return 0;
+}
+
+int QpEngine::remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
+			  const struct iovec *local, int count)
+{
+	uint64_t total = 0;
+	for (int i = 0; i < count; i++)
+		total += local[i].iov_len;
+	const char *from = cached_window(peer, mr, addr, total);
+	if (!from)
+		return remote_memory_for(peer, mr).read(peer, mr, addr, local, count);
+	for (int i = 0; i < count; i++) {
+		std::memcpy(local[i].iov_base, from, local[i].iov_len);
+		from += local[i].iov_len;
+	}
+	return 0;
 }
 
 /* ---- Entry points ---- */

@@ -26,13 +26,18 @@
 
 #include "cq.h"
 #include "qp.h"
+#include "remote_memory.h"
 #include "segment.h"
 #include "shm_layout.h"
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <memory>
+#include <type_traits>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -41,13 +46,57 @@
 
 namespace shmverbs {
 
+/*
+ * A vector of trivially copyable T that keeps up to N elements in place and
+ * moves to the heap only beyond that: the common WR (a few SGEs, a small
+ * inline payload) costs no allocation. Capacity, once grown, is kept.
+ */
+template <typename T, size_t N>
+class SmallVec {
+	static_assert(std::is_trivially_copyable_v<T>);
+
+public:
+	size_t size() const { return size_; }
+	bool empty() const { return size_ == 0; }
+	T *data() { return heap_.empty() ? local_ : heap_.data(); }
+	const T *data() const { return heap_.empty() ? local_ : heap_.data(); }
+	T *begin() { return data(); }
+	T *end() { return data() + size_; }
+	const T *begin() const { return data(); }
+	const T *end() const { return data() + size_; }
+	void clear() { size_ = 0; }
+	void push_back(const T &v) { append(&v, 1); }
+	void assign(const T *first, const T *last)
+	{
+		size_ = 0;
+		append(first, size_t(last - first));
+	}
+	void append(const T *p, size_t n)
+	{
+		if (size_ + n > N && size_ + n > heap_.size()) {
+			std::vector<T> grown(std::max(size_ + n, 2 * heap_.size()));
+			if (size_)
+				std::memcpy(grown.data(), data(), size_ * sizeof(T));
+			heap_.swap(grown);
+		}
+		if (n)
+			std::memcpy(data() + size_, p, n * sizeof(T));
+		size_ += n;
+	}
+
+private:
+	size_t size_ = 0;
+	T local_[N];
+	std::vector<T> heap_; /* in use once non-empty */
+};
+
 struct SendWr {
 	enum ibv_wr_opcode opcode;
 	uint64_t wr_id;
 	unsigned int send_flags;
 	uint32_t imm_data; /* network order */
-	std::vector<struct ibv_sge> sge;
-	std::vector<char> inline_data;
+	SmallVec<struct ibv_sge, 4> sge;
+	SmallVec<char, 256> inline_data;
 	uint64_t remote_addr = 0;
 	uint32_t rkey = 0;
 	uint64_t compare_add = 0;
@@ -109,8 +158,20 @@ public:
 private:
 	enum class Outcome { Done, Wait, Fatal };
 	Outcome execute(SendWr &wr, struct ibv_wc &wc);
+	/* Executes one WR at once (sq_lock_ held, queue empty): false when it
+	 * must wait and the caller queues it; *fatal when the QP must enter ERR. */
+	bool run_now(SendWr &wr, bool &fatal);
+	/* Fills `w` from an ibv_send_wr: 0 or EINVAL. */
+	int fill(SendWr &w, const struct ibv_send_wr *wr);
+	/* Copies local iovecs to / from a target address of `peer` whose key
+	 * `mr` the caller holds; Shared memory through cached windows. */
+	int remote_write(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
+			 const struct iovec *local, int count);
+	int remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
+			const struct iovec *local, int count);
+	char *cached_window(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, uint64_t len);
 	/* lib/ud.cpp */
-	Outcome execute_ud(SendWr &wr, struct ibv_wc &wc, const std::vector<struct iovec> &local,
+	Outcome execute_ud(SendWr &wr, struct ibv_wc &wc, const struct iovec *local, int count,
 			   uint64_t length);
 	void complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc);
 	void flush_locked();
@@ -133,7 +194,23 @@ private:
 	bool published_ = false;
 
 	std::mutex sq_lock_;
+	/* WRs waiting (RNR, unreachable peer) and those behind them. A WR
+	 * posted to an empty queue runs at once from `scratch_` and is queued
+	 * only if it must wait: the common post allocates nothing. */
 	std::deque<SendWr> sq_;
+	SendWr scratch_{};
+	/* The RC/UC/XRC target resolved last (under sq_lock_): the peer's
+	 * segment (held), the descriptor and its number. Checked on each use
+	 * (segment gone, magic, number, dead flag); re-resolved when stale. */
+	struct {
+		std::shared_ptr<PeerSegment> seg;
+		shm::QpDesc *desc = nullptr;
+		uint32_t qpn = 0;
+	} target_;
+	/* Windows onto peers' memory files used last (under sq_lock_), most
+	 * recent first: a window stays valid for its peer's life for every
+	 * address it covers (lib/remote_memory.h SharedWindow). */
+	SharedWindow windows_[2];
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	std::mutex rq_lock_;        /* posting to our RQ */

@@ -34,7 +34,8 @@ namespace {
 QpEngine *engine_of(struct ibv_qp_ex *q)
 {
 	Qp *qp = Qp::from(&q->qp_base);
-	return dynamic_cast<QpEngine *>(qp->core->data_path.get());
+	/* QpEngine is the only data path (attach_data_path). */
+	return static_cast<QpEngine *>(qp->core->data_path.get());
 }
 
 const QpCaps &caps_of(struct ibv_qp_ex *q) { return Qp::from(&q->qp_base)->core->caps; }
@@ -240,14 +241,13 @@ void set_inline(struct ibv_qp_ex *q, size_t num_buf, const struct ibv_data_buf *
 	}
 	w->sge.clear();
 	w->inline_data.clear();
-	w->inline_data.reserve(total);
 	for (size_t i = 0; i < num_buf; i++) {
 		const char *p = static_cast<const char *>(bufs[i].addr);
 		if (bufs[i].length && !p) {
 			latch(*batch_of(q), EINVAL);
 			return;
 		}
-		w->inline_data.insert(w->inline_data.end(), p, p + bufs[i].length);
+		w->inline_data.append(p, bufs[i].length);
 	}
 }
 

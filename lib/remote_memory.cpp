@@ -301,7 +301,6 @@ public:
 		return 0;
 	}
 
-private:
 	/* A window covering the whole MR (cached per peer, LRU-bounded). */
 	static int window(const PeerSegment &peer, const KeyEntry &mr,
 			  std::shared_ptr<PeerFiles::Window> &out)
@@ -414,6 +413,20 @@ void forget_peer_memory(pid_t pid)
 			++it;
 		}
 	}
+}
+
+int shared_window(const PeerSegment &peer, const KeyEntry &mr, SharedWindow &out)
+{
+	std::shared_ptr<PeerFiles::Window> w;
+	if (int err = SharedMemory::window(peer, mr, w))
+		return err;
+	out.pid = peer.pid;
+	out.segment = peer.handle;
+	out.lo = w->lo;
+	out.hi = w->hi;
+	out.delta = reinterpret_cast<uint64_t>(w->map.at(w->lo)) - w->lo;
+	out.hold = std::move(w);
+	return 0;
 }
 
 RemoteMemory &remote_memory_for(const PeerSegment &peer, const KeyEntry &mr)

@@ -41,6 +41,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <memory>
 
 namespace shmverbs {
 
@@ -60,6 +61,32 @@ public:
 	virtual int atomic(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
 			   AtomicOp op, uint64_t a, uint64_t b, uint64_t *old) = 0;
 };
+
+/*
+ * A window onto a peer's memory file (MemPath::Shared) that the data path
+ * may keep between operations. The file's offset is the target's virtual
+ * address whatever MR covers it now, so the window serves any address in
+ * [lo, hi) for as long as that process lives (the caller still checks and
+ * holds the key of every access). `hold` keeps the mapping.
+ */
+struct SharedWindow {
+	std::shared_ptr<const void> hold;
+	pid_t pid = 0;
+	uint64_t segment = 0; /* PeerSegment::handle */
+	uint64_t lo = 0, hi = 0;
+	uint64_t delta = 0;   /* local address - target address */
+
+	bool covers(const PeerSegment &p, uint64_t addr, uint64_t len) const
+	{
+		return hold && pid == p.pid && segment == p.handle && addr >= lo && addr <= hi &&
+		       len <= hi - addr;
+	}
+	char *at(uint64_t addr) const { return reinterpret_cast<char *>(addr + delta); }
+};
+
+/* A window covering the MR `mr` of `peer` (whose path is Shared): 0, or
+ * the errno write() would return. */
+int shared_window(const PeerSegment &peer, const KeyEntry &mr, SharedWindow &out);
 
 /* The implementation to use for an MR of a peer (or of this process). */
 RemoteMemory &remote_memory_for(const PeerSegment &peer, const KeyEntry &mr);

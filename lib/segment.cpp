@@ -5,9 +5,15 @@
 #include "remote_memory.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <cstddef>
+#include <future>
+#include <thread>
 
 #include <cerrno>
 #include <cstdio>
@@ -72,6 +78,40 @@ void install_handler()
 	std::call_once(once, [] { BrokerClient::instance().set_event_handler(on_broker_event); });
 }
 
+/*
+ * The owner-alive word of a segment header (shm_layout.h): a robust,
+ * process-shared mutex that a thread of ours locks and holds until the
+ * process ends, so that the kernel marks it (FUTEX_OWNER_DIED, TID bits
+ * cleared) when we die, however we die. The thread blocks every signal and
+ * sleeps for good; it is never joined.
+ */
+static_assert(sizeof(pthread_mutex_t) <= sizeof(shm::SegmentHeader::owner_alive));
+static_assert(offsetof(pthread_mutex_t, __data.__lock) == 0,
+	      "peers read the futex word at the start of the mutex");
+
+void hold_owner_alive(shm::SegmentHeader &hdr)
+{
+	auto *m = reinterpret_cast<pthread_mutex_t *>(hdr.owner_alive);
+	pthread_mutexattr_t a;
+	pthread_mutexattr_init(&a);
+	pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+	pthread_mutex_init(m, &a);
+	pthread_mutexattr_destroy(&a);
+	std::promise<void> held;
+	std::future<void> ready = held.get_future();
+	std::thread([m, &held] {
+		sigset_t all;
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, nullptr);
+		pthread_mutex_lock(m);
+		held.set_value();
+		for (;;)
+			::pause();
+	}).detach();
+	ready.wait(); /* peers never see the word before it is held */
+}
+
 } // namespace
 
 double time_scale()
@@ -115,6 +155,7 @@ Segment &Segment::of(uint32_t device_index)
 	hdr->size = size;
 	hdr->owner_pid = int32_t(getpid());
 	hdr->device = device_index;
+	hold_owner_alive(*hdr);
 	/* Never freed (peers and our own threads may use it until exit). */
 	s = new Segment(device_index, fd, static_cast<char *>(base), size);
 	return *s;
@@ -266,7 +307,11 @@ bool PeerSegment::alive() const
 		return true;
 	if (gone.load(std::memory_order_acquire))
 		return false;
-	return ::kill(pid, 0) == 0 || errno == EPERM;
+	/* The owner's death notice (shm_layout.h SegmentHeader::owner_alive):
+	 * one load, no system call. */
+	const int *word = reinterpret_cast<const int *>(
+		base + offsetof(shm::SegmentHeader, owner_alive));
+	return (__atomic_load_n(word, __ATOMIC_ACQUIRE) & FUTEX_TID_MASK) != 0;
 }
 
 int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerObject &out,

@@ -116,7 +116,8 @@ struct PeerSegment {
 			return nullptr;
 		return reinterpret_cast<T *>(base + off);
 	}
-	/* Still alive: not reported gone and kill(pid, 0) succeeds. */
+	/* Still alive: not reported gone and its owner-alive word still held
+	 * (shm_layout.h): one load, no system call. */
 	bool alive() const;
 };
 

@@ -25,7 +25,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 2;
+constexpr uint32_t shm_version = 3;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -48,6 +48,15 @@ struct SegmentHeader {
 	/* The device's key table (lib/mr.h KeySlot arrays), chunk by chunk:
 	 * 0 = chunk not allocated. Written once per chunk, release. */
 	std::atomic<uint64_t> key_chunks[key_chunk_count];
+	/* The owner's death notice: a process-shared robust pthread mutex that
+	 * one thread of the owner locks at creation and holds until the
+	 * process ends. Nobody else ever locks or waits on it: peers only load
+	 * its futex word (the mutex's first int, glibc), whose owner-TID bits
+	 * the kernel clears (setting FUTEX_OWNER_DIED) while the owner exits,
+	 * before it can be reaped. So `word & FUTEX_TID_MASK` != 0 means
+	 * alive, at the cost of one load instead of a kill() per operation
+	 * (lib/segment.cpp). */
+	alignas(8) unsigned char owner_alive[64];
 };
 static_assert(std::is_standard_layout_v<SegmentHeader>);
 
@@ -229,7 +238,11 @@ struct CqRing {
 	/* Published solicited-or-unsuccessful completions not yet polled. */
 	std::atomic<uint64_t> solicited_published;
 	std::atomic<uint64_t> solicited_polled;
-	uint64_t reserved;
+	/* 1: the CQ reports IBV_WC_EX_WITH_COMPLETION_TIMESTAMP(_WALLCLOCK),
+	 * producers stamp each entry; 0: they skip the clock read. Written by
+	 * the owner before the ring is used. */
+	uint32_t timestamps;
+	uint32_t reserved;
 	/* slots follow at cq_slots_offset */
 };
 static_assert(sizeof(CqRing) <= 128);

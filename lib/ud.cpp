@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 
 namespace shmverbs {
@@ -128,7 +129,7 @@ void mcast_leave(uint32_t device, const union ibv_gid &gid, uint16_t lid, uint32
  * Always Done: UD never waits and never fails remotely.
  */
 QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
-				       const std::vector<struct iovec> &local, uint64_t length)
+				       const struct iovec *local, int count, uint64_t length)
 {
 	const Device &dev = *devices()[device_];
 	const Port *own = dev.port(uint8_t(attr_.port_num));
@@ -185,7 +186,7 @@ QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
 	/* The payload, gathered once. */
 	std::vector<char> data(length);
 	size_t at = 0;
-	for (const struct iovec &v : local) {
+	for (const struct iovec &v : std::span(local, size_t(count))) {
 		std::memcpy(data.data() + at, v.iov_base, v.iov_len);
 		at += v.iov_len;
 	}
