@@ -11,6 +11,7 @@
 #include "device.h"
 #include "segment.h"
 
+#include <pthread.h>
 #include <signal.h>
 
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <type_traits>
 
@@ -138,6 +140,24 @@ bool pid_dead(uint32_t pid)
 }
 
 unsigned log2_of(uint32_t capacity) { return unsigned(__builtin_ctz(capacity)); }
+
+/* getpid() is a system call (glibc keeps no cache), and every produced
+ * completion names its producer: cached, and forgotten in a forked child. */
+std::atomic<pid_t> cached_pid{0};
+
+pid_t own_pid()
+{
+	pid_t p = cached_pid.load(std::memory_order_relaxed);
+	if (p)
+		return p;
+	static std::once_flag once;
+	std::call_once(once, [] {
+		pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); });
+	});
+	p = getpid();
+	cached_pid.store(p, std::memory_order_relaxed);
+	return p;
+}
 
 uint64_t monotonic_ns()
 {
@@ -751,7 +771,7 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 	if (ring.overrun.load(std::memory_order_acquire))
 		return ENOSPC; /* an overrun CQ is in error for good */
 	const unsigned lg = log2_of(capacity);
-	const uint64_t pid = uint32_t(getpid());
+	const uint64_t pid = uint32_t(own_pid());
 	uint64_t p;
 	shm::CqEntry *e;
 	for (;;) {
