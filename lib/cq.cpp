@@ -84,14 +84,14 @@ void fill_entry(shm::CqEntry &e, const Completion &c)
 {
 	e.wr_id = c.wc.wr_id;
 	e.timestamp_ns = c.timestamp_ns;
-	e.status = c.wc.status;
-	e.opcode = c.wc.opcode;
-	e.vendor_err = c.wc.vendor_err;
+	e.status = uint8_t(c.wc.status);
+	e.opcode = uint8_t(c.wc.opcode);
+	e.vendor_err = uint8_t(c.wc.vendor_err);
 	e.byte_len = c.wc.byte_len;
 	e.imm_data = c.wc.imm_data;
 	e.qp_num = c.wc.qp_num;
 	e.src_qp = c.wc.src_qp;
-	e.wc_flags = c.wc.wc_flags;
+	e.wc_flags = uint16_t(c.wc.wc_flags);
 	e.pkey_index = c.wc.pkey_index;
 	e.slid = c.wc.slid;
 	e.sl = c.wc.sl;

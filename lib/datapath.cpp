@@ -421,8 +421,12 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 		char *slots = reinterpret_cast<char *>(rq_) + shm::rq_slots_offset;
 		for (; wr; wr = wr->next) {
 			uint64_t tail = rq_->tail.load(std::memory_order_relaxed);
-			uint64_t head = rq_->head.load(std::memory_order_acquire);
-			if (tail - head >= qp_.core->caps.created.max_recv_wr) {
+			/* Senders move head (another cache line, often another
+			 * process): read it only when the copy we have says
+			 * the ring is full. */
+			if (tail - rq_head_seen_ >= qp_.core->caps.created.max_recv_wr)
+				rq_head_seen_ = rq_->head.load(std::memory_order_acquire);
+			if (tail - rq_head_seen_ >= qp_.core->caps.created.max_recv_wr) {
 				*bad_wr = wr;
 				return ENOMEM;
 			}

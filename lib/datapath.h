@@ -214,6 +214,7 @@ private:
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	std::mutex rq_lock_;        /* posting to our RQ */
+	uint64_t rq_head_seen_ = 0; /* rq_->head as last read, under rq_lock_ */
 };
 
 /* Installs the engine on a freshly created QP (from create_qp). */

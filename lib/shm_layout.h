@@ -145,15 +145,18 @@ struct RecvQueue {
 	uint64_t cq_off;   /* XRC SRQs: the CqRing of their completions */
 	uint32_t cq_has_channel; /* XRC SRQs: eventfd attached to the SRQ, slot 0 */
 	uint32_t pdn;      /* SRQs: the PD their receive buffers must be in */
-	std::atomic<uint64_t> head;
-	std::atomic<uint64_t> tail;
 	std::atomic<uint32_t> limit_seen;
 	uint32_t srq_type; /* SRQs: enum ibv_srq_type */
 	uint64_t xrc_domain; /* XRC SRQs: Xrcd::domain */
+	/* The indices, each on its own cache line: consumers CAS head, the
+	 * owner stores tail, and neither disturbs the geometry above, which
+	 * every consumer reads (a line that stays shared). */
+	alignas(64) std::atomic<uint64_t> head;
+	alignas(64) std::atomic<uint64_t> tail;
 	/* slots follow at rq_slots_offset */
 };
-static_assert(sizeof(RecvQueue) <= 128);
-constexpr uint64_t rq_slots_offset = 128;
+static_assert(sizeof(RecvQueue) <= 192);
+constexpr uint64_t rq_slots_offset = 192;
 
 /* ---- Completion queue ring ---- */
 
@@ -174,22 +177,24 @@ struct CqEntry {
 	std::atomic<uint64_t> state;
 	uint64_t wr_id;
 	uint64_t timestamp_ns;
-	uint32_t status;
-	uint32_t opcode;
-	uint32_t vendor_err;
 	uint32_t byte_len;
 	uint32_t imm_data; /* network order, as in ibv_wc */
 	uint32_t qp_num;
 	uint32_t src_qp;
-	uint32_t wc_flags;
+	uint16_t wc_flags;   /* enum ibv_wc_flags: bits 0..6 */
 	uint16_t pkey_index;
 	uint16_t slid;
+	uint8_t status;      /* enum ibv_wc_status: < 32 */
+	uint8_t opcode;      /* enum ibv_wc_opcode: < 256 */
+	uint8_t vendor_err;  /* mlx5 reports an 8-bit syndrome */
 	uint8_t sl;
 	uint8_t dlid_path_bits;
 	uint8_t solicited;
-	uint8_t reserved[5];
+	uint8_t reserved[8];
 };
-static_assert(sizeof(CqEntry) == 72);
+/* One cache line per completion: a producer and the consumer exchange
+ * exactly one line per entry (slots start 64-byte aligned). */
+static_assert(sizeof(CqEntry) == 64);
 
 constexpr uint64_t cq_slot_free = 0;
 constexpr uint64_t cq_slot_claimed = 1ull << 62;
@@ -233,20 +238,23 @@ struct CqRing {
 	std::atomic<uint32_t> ignore_overrun;
 	std::atomic<uint32_t> arm;     /* CqArmWord */
 	std::atomic<uint64_t> fired;   /* completion events raised */
-	std::atomic<uint64_t> prod;
-	std::atomic<uint64_t> cons;
-	/* Published solicited-or-unsuccessful completions not yet polled. */
-	std::atomic<uint64_t> solicited_published;
-	std::atomic<uint64_t> solicited_polled;
 	/* 1: the CQ reports IBV_WC_EX_WITH_COMPLETION_TIMESTAMP(_WALLCLOCK),
 	 * producers stamp each entry; 0: they skip the clock read. Written by
 	 * the owner before the ring is used. */
 	uint32_t timestamps;
 	uint32_t reserved;
+	/* Producers move prod, the consumer cons: one cache line each, so an
+	 * idle consumer polling prod and producers checking cons only share
+	 * lines, and each index costs one transfer when it moves. */
+	alignas(64) std::atomic<uint64_t> prod;
+	alignas(64) std::atomic<uint64_t> cons;
+	/* Published solicited-or-unsuccessful completions not yet polled. */
+	alignas(64) std::atomic<uint64_t> solicited_published;
+	std::atomic<uint64_t> solicited_polled;
 	/* slots follow at cq_slots_offset */
 };
-static_assert(sizeof(CqRing) <= 128);
-constexpr uint64_t cq_slots_offset = 128;
+static_assert(sizeof(CqRing) <= 256);
+constexpr uint64_t cq_slots_offset = 256;
 
 static_assert(std::is_standard_layout_v<CqRing> && std::is_standard_layout_v<CqEntry> &&
 	      std::is_standard_layout_v<RecvQueue> && std::is_standard_layout_v<QpDesc>);
