@@ -764,7 +764,7 @@ uint64_t cq_ring_bytes(uint32_t capacity)
 }
 
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
-		    bool *overrun_now)
+		    bool *overrun_now, uint64_t *cons_seen)
 {
 	if (overrun_now)
 		*overrun_now = false;
@@ -776,9 +776,16 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 	shm::CqEntry *e;
 	for (;;) {
 		p = ring.prod.load(std::memory_order_seq_cst);
-		/* Pairs with the consumer's release store of cons. */
-		uint64_t cons = ring.cons.load(std::memory_order_acquire);
 		uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
+		/* cons only grows, so a copy never overstates the room; one
+		 * ahead of prod is another ring's (a CQ made anew at that
+		 * place). Pairs with the consumer's release store of cons. */
+		uint64_t cons = cons_seen ? *cons_seen : 0;
+		if (!cons_seen || cons > p || p - cons >= limit) {
+			cons = ring.cons.load(std::memory_order_acquire);
+			if (cons_seen)
+				*cons_seen = cons;
+		}
 		if (p - cons >= limit && p >= cons) {
 			if (ring.ignore_overrun.load(std::memory_order_relaxed))
 				return ENOSPC;

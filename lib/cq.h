@@ -164,10 +164,13 @@ int deliver_completion(Cq &cq, const Completion &c);
  * armed for this completion, disarms it and writes a token to `channel_fd`
  * (-1: no channel). Returns 0, or ENOSPC when the ring was full (the ring's
  * overrun word is then set; the owner raises IBV_EVENT_CQ_ERR).
- * *overrun_now is set when this call overflowed the CQ first.
+ * *overrun_now is set when this call overflowed the CQ first. `cons_seen`
+ * (optional, the caller's per-ring memory, 0 at first): the consumer index
+ * as last read; cons is re-read only when that copy says the ring is full,
+ * which saves a cache-line transfer per completion to a busy consumer.
  */
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
-		    bool *overrun_now = nullptr);
+		    bool *overrun_now = nullptr, uint64_t *cons_seen = nullptr);
 /* The consumer side (the owner, under its CQ lock): takes the oldest
  * published completion; skips slots whose producer died holding them.
  * false when there is none ready. */

@@ -807,11 +807,15 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	};
 	auto produce_recv = [&](const Completion &rc) {
 		uint32_t cap;
-		if (shm::CqRing *ring = peer_cq(*rs.cq_seg, rs.cq_off, cap))
+		if (shm::CqRing *ring = peer_cq(*rs.cq_seg, rs.cq_off, cap)) {
+			if (recv_cq_seen_.ring != ring)
+				recv_cq_seen_ = {ring, 0};
 			cq_ring_produce(*ring, cap, rc,
 					rs.cq_has_channel
 						? fetch_channel_fd(device_, rs.channel_kind, rs.channel_id)
-						: -1);
+						: -1,
+					nullptr, &recv_cq_seen_.cons);
+		}
 	};
 
 	/* Remote access for one-sided operations. */

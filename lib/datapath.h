@@ -211,6 +211,12 @@ private:
 	 * recent first: a window stays valid for its peer's life for every
 	 * address it covers (lib/remote_memory.h SharedWindow). */
 	SharedWindow windows_[2];
+	/* The receive CQ ring this engine produced into last and its consumer
+	 * index as last read (cq_ring_produce's cons_seen), under sq_lock_. */
+	struct {
+		shm::CqRing *ring = nullptr;
+		uint64_t cons = 0;
+	} recv_cq_seen_;
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	std::mutex rq_lock_;        /* posting to our RQ */

@@ -101,3 +101,46 @@ TEST_CASE("fast path: ibv_poll_cq inside a start_poll batch of another CQ sees i
 	CHECK(p.b.cqx->wr_id == 8);
 	ibv_end_poll(p.b.cqx);
 }
+
+TEST_CASE("fast path: a sender's copy of the consumer index never hides room or an overrun",
+	  "[fastpath][overrun]")
+{
+	Options o;
+	o.cqe = 4; /* granted 7 (mlx5 rounding); the ring has 8 slots */
+	Pair p(o);
+	p.connect();
+	REQUIRE(ibv_cq_ex_to_cq(p.b.cqx)->cqe == 7);
+	for (int i = 0; i < 12; i++)
+		REQUIRE(Pair::post_recv(p.b, 100 + i, 64 * size_t(i), 64) == 0);
+	auto send = [&] {
+		struct ibv_sge sge = {p.a.addr(0), 8, p.a.mr->lkey};
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = IBV_WR_SEND;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		return ibv_post_send(p.a.qp, &wr, &bad);
+	};
+	auto cq_err = [&](int ms) {
+		struct pollfd pfd = {p.ctx->async_fd, POLLIN, 0};
+		if (poll(&pfd, 1, ms) != 1)
+			return false;
+		struct ibv_async_event ev{};
+		REQUIRE(ibv_get_async_event(p.ctx, &ev) == 0);
+		bool is = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == p.b.cq;
+		ibv_ack_async_event(&ev);
+		return is;
+	};
+	for (int i = 0; i < 7; i++)
+		REQUIRE(send() == 0); /* the CQ holds cqe completions */
+	struct ibv_wc wc[3];
+	REQUIRE(ibv_poll_cq(p.b.cq, 3, wc) == 3);
+	for (int i = 0; i < 3; i++)
+		REQUIRE(send() == 0); /* room the sender must see: no overrun */
+	CHECK_FALSE(cq_err(50));
+	CHECK(ibv_poll_cq(p.b.cq, 0, wc) == 0);
+	CHECK_FALSE(cq_err(50));
+	REQUIRE(send() == 0); /* one more than cqe: overrun */
+	/* The owner raises the event when it next looks at the CQ. */
+	(void)ibv_poll_cq(p.b.cq, 1, wc);
+	CHECK(cq_err(2000));
+}
