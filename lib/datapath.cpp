@@ -152,7 +152,8 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 		std::memcpy(&wqe, slot, sizeof(wqe));
 		uint32_t n = std::min(wqe.num_sge, q.max_sge);
 		sges.resize(n);
-		std::memcpy(sges.data(), slot + sizeof(wqe), n * sizeof(shm::RecvSge));
+		if (n) /* a WQE may have no SGE: then sges.data() may be null */
+			std::memcpy(sges.data(), slot + sizeof(wqe), n * sizeof(shm::RecvSge));
 		wqe.num_sge = n;
 		/* The slot is rewritten only after head passed it: the copy
 		 * is intact if this succeeds. */
