@@ -538,7 +538,25 @@ TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR
 	qa.pd = d.pd;
 	struct ibv_qp *sqp = ibv_create_qp_ex(d.ctx, &qa);
 	REQUIRE((rqp && sqp));
-	REQUIRE(to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
+	/* The responder's QP grants remote access (to_rts grants none). */
+	struct ibv_qp_attr ra{};
+	ra.qp_state = IBV_QPS_INIT;
+	ra.port_num = 1;
+	ra.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			     IBV_ACCESS_REMOTE_ATOMIC;
+	REQUIRE(ibv_modify_qp(rqp, &ra, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					       IBV_QP_ACCESS_FLAGS) == 0);
+	ra = {};
+	ra.qp_state = IBV_QPS_RTR;
+	ra.path_mtu = IBV_MTU_1024;
+	ra.dest_qp_num = sqp->qp_num;
+	ra.min_rnr_timer = 1;
+	ra.max_dest_rd_atomic = 1;
+	ra.ah_attr.dlid = d.port.lid;
+	ra.ah_attr.port_num = 1;
+	REQUIRE(ibv_modify_qp(rqp, &ra, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+					       IBV_QP_MIN_RNR_TIMER) == 0);
 	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
 	const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 			   IBV_ACCESS_REMOTE_ATOMIC;

@@ -8,7 +8,9 @@
  * talks to all. Rounds:
  *
  *   1. every worker posts exactly the receives the schedule (schedule.h)
- *      says its peers will consume this round;      allgather (barrier)
+ *      says its peers will consume this round (on RC queues it may hold
+ *      back a tail of them until its send phase: senders then wait in RNR
+ *      and the progress thread retries);                allgather (barrier)
  *   2. every worker posts its own schedule, randomly interleaved across
  *      channels, batched, through ibv_post_send or ibv_wr_*, and runs its
  *      critical sections (CMP_AND_SWP lock at the round's holder), while
@@ -94,7 +96,7 @@ struct AddRecord {
 
 struct Stats {
 	uint64_t ops[16]; /* by ibv_wr_opcode */
-	uint64_t bytes, recvs, events, cs, cas_retries, ex_batches, legacy_posts;
+	uint64_t bytes, recvs, late_recvs, events, cs, cas_retries, ex_batches, legacy_posts;
 };
 
 const char *opname(int op)
@@ -227,6 +229,8 @@ private:
 	struct ibv_qp *make_qp(Kind k, bool ex, struct ibv_cq *scq, struct ibv_cq *rcq,
 			       struct ibv_srq *srq);
 	void post_wqes(Queue qu, QpRec *owner, const std::vector<uint32_t> &sizes);
+	void post_or_defer(Queue qu, QpRec *owner, const std::vector<uint32_t> &sizes);
+	void post_deferred(size_t max);
 
 	Config c_;
 	unsigned me_;
@@ -264,6 +268,14 @@ private:
 	std::vector<OutChan> out_;
 	InChan in_[max_procs][max_slots];
 	std::vector<Wqe> wqes_;
+	/* Receives held back into the send phase (reliable queues only): the
+	 * senders meet RNR and retry. Posted at the latest when we wait. */
+	struct Deferred {
+		Queue qu;
+		QpRec *owner;
+		std::vector<uint32_t> sizes;
+	};
+	std::deque<Deferred> deferred_;
 	uint64_t next_wr_id_ = 1;
 	uint64_t recvs_left_ = 0;
 	uint64_t sends_left_ = 0;
@@ -675,6 +687,30 @@ void Worker::post_wqes(Queue qu, QpRec *owner, const std::vector<uint32_t> &size
 	}
 }
 
+/* A reliable queue may get only some of its receives now, the rest
+ * during the send phase. */
+void Worker::post_or_defer(Queue qu, QpRec *owner, const std::vector<uint32_t> &sizes)
+{
+	size_t now = sizes.size();
+	if (now && local_.chance(25))
+		now = local_.below(now);
+	post_wqes(qu, owner, std::vector<uint32_t>(sizes.begin(), sizes.begin() + long(now)));
+	if (now < sizes.size())
+		deferred_.push_back({qu, owner, std::vector<uint32_t>(sizes.begin() + long(now), sizes.end())});
+}
+
+void Worker::post_deferred(size_t max)
+{
+	for (; max && !deferred_.empty(); max--) {
+		size_t i = local_.below(deferred_.size());
+		/* A queue defers one group, its tail: order holds. */
+		Deferred d = deferred_[i];
+		deferred_.erase(deferred_.begin() + long(i));
+		post_wqes(d.qu, d.owner, d.sizes);
+		stats_.late_recvs += d.sizes.size();
+	}
+}
+
 void Worker::post_receives()
 {
 	wqes_.clear();
@@ -700,7 +736,9 @@ void Worker::post_receives()
 			uint32_t mx = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
 			switch (c_.kind(s)) {
 			case Kind::Rc:
-			case Kind::Uc:
+				post_or_defer(Queue::Rq, out_qp_[src][s], sizes);
+				break;
+			case Kind::Uc: /* unreliable: all posted before anyone sends */
 				post_wqes(Queue::Rq, out_qp_[src][s], sizes);
 				break;
 			case Kind::SrqRc:
@@ -723,8 +761,8 @@ void Worker::post_receives()
 	std::fill(srq_sizes.begin(), srq_sizes.end(), srq_max);
 	std::fill(xrc_sizes.begin(), xrc_sizes.end(), xrc_max);
 	std::fill(ud_sizes.begin(), ud_sizes.end(), ud_max);
-	post_wqes(Queue::Srq, nullptr, srq_sizes);
-	post_wqes(Queue::XrcSrq, nullptr, xrc_sizes);
+	post_or_defer(Queue::Srq, nullptr, srq_sizes);
+	post_or_defer(Queue::XrcSrq, nullptr, xrc_sizes);
 	post_wqes(Queue::Ud, ud_, ud_sizes);
 	/* The lock of this round lives here: fresh for the round. */
 	if (me_ == unsigned(round_) % c_.procs)
@@ -786,6 +824,7 @@ int Worker::pump()
 void Worker::wait_for(const char *what, const std::function<bool()> &done)
 {
 	auto end = Clock::now() + std::chrono::milliseconds(wait_ms);
+	post_deferred(deferred_.size()); /* a peer may be waiting in RNR for them */
 	while (!done()) {
 		if (Clock::now() > end)
 			fail("timed out waiting for %s; missing: %s", what, missing().c_str());
@@ -1288,6 +1327,8 @@ void Worker::send_phase()
 		posted += n;
 		if (local_.chance(30))
 			pump();
+		if (local_.chance(10))
+			post_deferred(1);
 	}
 	while (!cs_at.empty()) {
 		critical_section();
@@ -1386,6 +1427,7 @@ void Worker::final_checks()
 				t.ops[i] += s.ops[i];
 			t.bytes += s.bytes;
 			t.recvs += s.recvs;
+			t.late_recvs += s.late_recvs;
 			t.events += s.events;
 			t.cs += s.cs;
 			t.cas_retries += s.cas_retries;
@@ -1397,9 +1439,10 @@ void Worker::final_checks()
 			       IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD,
 			       IBV_WR_ATOMIC_CMP_AND_SWP})
 			std::printf("%s %" PRIu64 ", ", opname(op), t.ops[op]);
-		std::printf("%" PRIu64 " bytes, %" PRIu64 " receives, %" PRIu64 " critical sections (%" PRIu64
+		std::printf("%" PRIu64 " bytes, %" PRIu64 " receives (%" PRIu64 " posted late), %" PRIu64
+			    " critical sections (%" PRIu64
 			    " lock retries), %" PRIu64 " ibv_wr batches, %" PRIu64 " ibv_post_send calls, %" PRIu64
-			    " channel events\n", t.bytes, t.recvs, t.cs, t.cas_retries, t.ex_batches,
+			    " channel events\n", t.bytes, t.recvs, t.late_recvs, t.cs, t.cas_retries, t.ex_batches,
 			    t.legacy_posts, t.events);
 		std::fflush(stdout);
 	}
@@ -1443,7 +1486,7 @@ int main(int argc, char **argv)
 		unsigned long long v = 0;
 		bool ok = true;
 		if (a == "--quick") {
-			c.rounds = 60;
+			c.rounds = 40;
 			c.max_ops = 12;
 		} else if (a == "--worker") {
 			worker = true;
