@@ -236,4 +236,17 @@ inline unsigned critical_sections(const Config &c, unsigned round, unsigned src)
 	return unsigned(r.below(3));
 }
 
+/* Between rounds, a pair's QPs of a slot may be reset and reconnected, or
+ * destroyed and created anew (new numbers), by both sides. */
+enum class Churn { None, Reset, Recreate };
+
+inline Churn churn(const Config &c, unsigned round, unsigned a, unsigned b, unsigned slot)
+{
+	if (round == 0 || c.kind(slot) == Kind::Ud)
+		return Churn::None;
+	Rng r(key_of(c.seed, round, std::min(a, b), std::max(a, b), slot, 0xc4c4));
+	unsigned w = unsigned(r.below(100));
+	return w < 2 ? Churn::Reset : w < 4 ? Churn::Recreate : Churn::None;
+}
+
 } // namespace stress

@@ -96,7 +96,7 @@ struct AddRecord {
 
 struct Stats {
 	uint64_t ops[16]; /* by ibv_wr_opcode */
-	uint64_t bytes, recvs, late_recvs, events, cs, cas_retries, ex_batches, legacy_posts;
+	uint64_t bytes, recvs, late_recvs, churned, events, cs, cas_retries, ex_batches, legacy_posts;
 };
 
 const char *opname(int op)
@@ -191,6 +191,10 @@ private:
 	void setup();
 	void exchange();
 	void connect();
+	void connect_pair(unsigned p, unsigned s);
+	void create_pair_qps(unsigned p, unsigned s);
+	void drop_qp(QpRec *r);
+	void churn_qps();
 	void teardown();
 	void post_receives();
 	void send_phase();
@@ -459,22 +463,7 @@ void Worker::setup()
 			Kind k = c_.kind(s);
 			if (k == Kind::Ud)
 				continue;
-			unsigned sel = s + p + me_;
-			struct ibv_cq *scq = cqs[sel % 3], *rcq = cqs[(sel + 1) % 3];
-			bool ex = sel % 3 != 0;
-			QpRec *r = rec(make_qp(k, ex, scq, rcq, k == Kind::SrqRc ? srq_ : nullptr), k,
-				       int(p), s);
-			r->qpx = ex || k == Kind::Xrc ? ibv_qp_to_qp_ex(r->qp) : nullptr;
-			out_qp_[p][s] = r;
-			if (k == Kind::Xrc) {
-				struct ibv_qp_init_attr_ex a{};
-				a.qp_type = IBV_QPT_XRC_RECV;
-				a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-				a.xrcd = xrcd_;
-				QpRec *x = rec(ibv_create_qp_ex(ctx_, &a), k, int(p), s);
-				x->xrc_recv = true;
-				xrc_recv_qp_[p] = x;
-			}
+			create_pair_qps(p, s);
 		}
 	}
 	ud_ = rec(make_qp(Kind::Ud, me_ % 2 == 0, cqs[0], cqs[1], nullptr), Kind::Ud, -1,
@@ -488,8 +477,79 @@ void Worker::setup()
 	NEED(ah_);
 }
 
+/* The QP(s) toward peer p in slot s (XRC: our XRC_SEND and our XRC_RECV
+ * for p's XRC_SEND). Which are created extended (and may then post either
+ * way) and which CQs they use varies with slot and peer. */
+void Worker::create_pair_qps(unsigned p, unsigned s)
+{
+	struct ibv_cq *cqs[3] = {cq_a_, ibv_cq_ex_to_cq(cq_b_), ibv_cq_ex_to_cq(cq_c_)};
+	Kind k = c_.kind(s);
+	unsigned sel = s + p + me_;
+	struct ibv_cq *scq = cqs[sel % 3], *rcq = cqs[(sel + 1) % 3];
+	bool ex = sel % 3 != 0;
+	QpRec *r = rec(make_qp(k, ex, scq, rcq, k == Kind::SrqRc ? srq_ : nullptr), k, int(p), s);
+	r->qpx = ex || k == Kind::Xrc ? ibv_qp_to_qp_ex(r->qp) : nullptr;
+	out_qp_[p][s] = r;
+	if (k == Kind::Xrc) {
+		struct ibv_qp_init_attr_ex a{};
+		a.qp_type = IBV_QPT_XRC_RECV;
+		a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+		a.xrcd = xrcd_;
+		QpRec *x = rec(ibv_create_qp_ex(ctx_, &a), k, int(p), s);
+		x->xrc_recv = true;
+		xrc_recv_qp_[p] = x;
+	}
+}
+
+void Worker::drop_qp(QpRec *r)
+{
+	NEED(r->sq.empty() && r->rq.empty());
+	by_qpn_.erase(r->qp->qp_num);
+	NEED(ibv_destroy_qp(r->qp) == 0);
+	for (auto it = qps_.begin(); it != qps_.end(); ++it)
+		if (it->get() == r) {
+			qps_.erase(it);
+			return;
+		}
+}
+
+/*
+ * Between rounds (everything quiet): the pairs' QPs the schedule names are
+ * reset (same numbers) or destroyed and created again (new numbers; peers
+ * learn them in the exchange that follows), then connected again.
+ */
+void Worker::churn_qps()
+{
+	std::vector<std::pair<unsigned, unsigned>> redo;
+	for (unsigned p = 0; p < c_.procs; p++)
+		for (unsigned s = 0; p != me_ && s < c_.slots(); s++) {
+			Churn ch = churn(c_, unsigned(round_), me_, p, s);
+			if (ch == Churn::None)
+				continue;
+			redo.push_back({p, s});
+			stats_.churned++;
+			if (ch == Churn::Reset) {
+				struct ibv_qp_attr a{};
+				a.qp_state = IBV_QPS_RESET;
+				NEED(ibv_modify_qp(out_qp_[p][s]->qp, &a, IBV_QP_STATE) == 0);
+				out_qp_[p][s]->trailing_unsignaled = 0;
+				if (c_.kind(s) == Kind::Xrc)
+					NEED(ibv_modify_qp(xrc_recv_qp_[p]->qp, &a, IBV_QP_STATE) == 0);
+				continue;
+			}
+			drop_qp(out_qp_[p][s]);
+			if (c_.kind(s) == Kind::Xrc)
+				drop_qp(xrc_recv_qp_[p]);
+			create_pair_qps(p, s);
+		}
+	exchange(); /* every round, churned or not: the same steps everywhere */
+	for (auto [p, s] : redo)
+		connect_pair(p, s);
+}
+
 void Worker::exchange()
 {
+	info_.clear();
 	Info mine{};
 	mine.lid = lid_;
 	mine.ud_qpn = ud_->qp->qp_num;
@@ -573,24 +633,24 @@ int modify(struct ibv_qp *qp, enum ibv_qp_type t, uint32_t dest, uint16_t dlid)
 	return ibv_modify_qp(qp, &a, mask);
 }
 
+void Worker::connect_pair(unsigned p, unsigned s)
+{
+	QpRec *r = out_qp_[p][s];
+	if (r->kind == Kind::Xrc) {
+		NEED(modify(r->qp, IBV_QPT_XRC_SEND, info_[p].xrc_recv[me_], info_[p].lid) == 0);
+		NEED(modify(xrc_recv_qp_[p]->qp, IBV_QPT_XRC_RECV, info_[p].xrc_send[me_],
+			    info_[p].lid) == 0);
+	} else {
+		NEED(modify(r->qp, r->qp->qp_type, info_[p].qpn[me_][s], info_[p].lid) == 0);
+	}
+}
+
 void Worker::connect()
 {
-	for (unsigned p = 0; p < c_.procs; p++) {
-		if (p == me_)
-			continue;
-		for (unsigned s = 0; s < c_.slots(); s++) {
-			QpRec *r = out_qp_[p][s];
-			if (!r)
-				continue;
-			if (r->kind == Kind::Xrc) {
-				NEED(modify(r->qp, IBV_QPT_XRC_SEND, info_[p].xrc_recv[me_], info_[p].lid) == 0);
-				NEED(modify(xrc_recv_qp_[p]->qp, IBV_QPT_XRC_RECV, info_[p].xrc_send[me_],
-					    info_[p].lid) == 0);
-			} else {
-				NEED(modify(r->qp, r->qp->qp_type, info_[p].qpn[me_][s], info_[p].lid) == 0);
-			}
-		}
-	}
+	for (unsigned p = 0; p < c_.procs; p++)
+		for (unsigned s = 0; p != me_ && s < c_.slots(); s++)
+			if (out_qp_[p][s])
+				connect_pair(p, s);
 	NEED(modify(ud_->qp, IBV_QPT_UD, 0, 0) == 0);
 }
 
@@ -1428,6 +1488,7 @@ void Worker::final_checks()
 			t.bytes += s.bytes;
 			t.recvs += s.recvs;
 			t.late_recvs += s.late_recvs;
+			t.churned += s.churned;
 			t.events += s.events;
 			t.cs += s.cs;
 			t.cas_retries += s.cas_retries;
@@ -1442,8 +1503,9 @@ void Worker::final_checks()
 		std::printf("%" PRIu64 " bytes, %" PRIu64 " receives (%" PRIu64 " posted late), %" PRIu64
 			    " critical sections (%" PRIu64
 			    " lock retries), %" PRIu64 " ibv_wr batches, %" PRIu64 " ibv_post_send calls, %" PRIu64
-			    " channel events\n", t.bytes, t.recvs, t.late_recvs, t.cs, t.cas_retries, t.ex_batches,
-			    t.legacy_posts, t.events);
+			    " channel events, %" PRIu64 " QP reset or re-created\n", t.bytes, t.recvs,
+			    t.late_recvs, t.cs, t.cas_retries, t.ex_batches,
+			    t.legacy_posts, t.events, t.churned);
 		std::fflush(stdout);
 	}
 }
@@ -1454,6 +1516,8 @@ int Worker::run()
 	exchange();
 	connect();
 	for (round_ = 0; round_ < int(c_.rounds); round_++) {
+		if (round_ > 0)
+			churn_qps();
 		post_receives();
 		NEED(link_.allgather({}, wait_ms).size() == c_.procs); /* receives posted */
 		send_phase();
