@@ -69,7 +69,7 @@ enum class Kind { Rc, Uc, SrqRc, Xrc, Ud };
 
 struct Config {
 	unsigned procs = 4;
-	unsigned rounds = 300;
+	unsigned rounds = 200;
 	unsigned max_ops = 16;  /* per channel per round */
 	unsigned nrc = 2;       /* plain RC QPs per pair */
 	uint64_t seed = 0;

@@ -20,6 +20,10 @@
  *   3. the holder checks the lock's protected counters; anything polled
  *      now is unexpected.
  *
+ * Alongside, each worker's second thread posts and polls on QPs and a CQ
+ * of its own (WRITE, READ back, FETCH_AND_ADD toward the next rank), and
+ * between rounds some QPs are reset or re-created and connected again.
+ *
  * At the end: every FETCH_AND_ADD result is gathered and each counter's
  * owner checks that the returned values tile [0, final) exactly (atomicity
  * across processes) and that final = the sum of the schedules' adds; every
@@ -57,6 +61,8 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <thread>
+#include <atomic>
 #include <map>
 #include <random>
 #include <string>
@@ -86,6 +92,9 @@ struct Info {
 	uint32_t xrc_recv[max_procs];       /* my XRC_RECV for peer p's XRC_SEND */
 	uint64_t win_addr, read_addr, atom_addr, lock_addr;
 	uint32_t win_rkey, read_rkey, atom_rkey, lock_rkey;
+	uint32_t noise_out, noise_in; /* QPNs toward the next rank, from the previous */
+	uint64_t noise_addr;
+	uint32_t noise_rkey;
 };
 
 /* A FETCH_AND_ADD's result, gathered at the end. */
@@ -96,6 +105,7 @@ struct AddRecord {
 
 struct Stats {
 	uint64_t ops[16]; /* by ibv_wr_opcode */
+	uint64_t noise_iters, noise_adds;
 	uint64_t bytes, recvs, late_recvs, churned, events, cs, cas_retries, ex_batches, legacy_posts;
 };
 
@@ -198,6 +208,8 @@ private:
 	void teardown();
 	void post_receives();
 	void send_phase();
+	void noise_setup();
+	void noise_loop();
 	void end_of_round();
 	void final_checks();
 
@@ -288,6 +300,18 @@ private:
 	bool sync_done_ = false;
 	std::vector<AddRecord> adds_;
 	Stats stats_{};
+
+	/* A second thread posting and polling concurrently with the main one,
+	 * on QPs and a CQ of its own: WRITE, READ back, FETCH_AND_ADD toward
+	 * the next rank (noise memory: [0] counter, then a window). */
+	static constexpr size_t noise_bytes = 64 * 1024;
+	struct ibv_cq *noise_cq_ = nullptr;
+	struct ibv_qp *noise_out_ = nullptr, *noise_in_ = nullptr;
+	struct ibv_mr *noise_mr_ = nullptr, *noise_local_mr_ = nullptr;
+	char *noise_mem_ = nullptr, *noise_local_ = nullptr;
+	std::thread noise_thread_;
+	std::atomic<bool> noise_stop_{false};
+	uint64_t noise_iter_ = 0, noise_added_ = 0; /* the noise thread's own */
 };
 
 void Worker::fail(const char *fmt, ...)
@@ -475,6 +499,7 @@ void Worker::setup()
 	ah.port_num = 1;
 	ah_ = ibv_create_ah(pd_, &ah);
 	NEED(ah_);
+	noise_setup();
 }
 
 /* The QP(s) toward peer p in slot s (XRC: our XRC_SEND and our XRC_RECV
@@ -571,6 +596,10 @@ void Worker::exchange()
 	mine.read_rkey = read_mr_->rkey;
 	mine.atom_rkey = atom_mr_->rkey;
 	mine.lock_rkey = lock_mr_->rkey;
+	mine.noise_out = noise_out_->qp_num;
+	mine.noise_in = noise_in_->qp_num;
+	mine.noise_addr = uintptr_t(noise_mem_);
+	mine.noise_rkey = noise_mr_->rkey;
 	std::vector<char> blob(reinterpret_cast<char *>(&mine), reinterpret_cast<char *>(&mine + 1));
 	auto all = link_.allgather(blob, wait_ms);
 	NEED(all.size() == c_.procs);
@@ -624,7 +653,9 @@ int modify(struct ibv_qp *qp, enum ibv_qp_type t, uint32_t dest, uint16_t dlid)
 	a.qp_state = IBV_QPS_RTS;
 	mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
 	if (t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND) {
-		a.timeout = 14;
+		/* 1.07 s x 8 tries before RETRY_EXC_ERR: a peer starved of CPU on a
+		 * loaded machine is slow, not dead. */
+		a.timeout = 18;
 		a.retry_cnt = 7;
 		a.rnr_retry = 7;
 		a.max_rd_atomic = 16;
@@ -652,6 +683,9 @@ void Worker::connect()
 			if (out_qp_[p][s])
 				connect_pair(p, s);
 	NEED(modify(ud_->qp, IBV_QPT_UD, 0, 0) == 0);
+	unsigned next = (me_ + 1) % c_.procs, prev = (me_ + c_.procs - 1) % c_.procs;
+	NEED(modify(noise_out_, IBV_QPT_RC, info_[next].noise_in, info_[next].lid) == 0);
+	NEED(modify(noise_in_, IBV_QPT_RC, info_[prev].noise_out, info_[prev].lid) == 0);
 }
 
 void Worker::teardown()
@@ -660,6 +694,11 @@ void Worker::teardown()
 		ibv_ack_cq_events(ibv_cq_ex_to_cq(cq_c_), unacked_events_);
 	for (auto &r : qps_)
 		NEED(ibv_destroy_qp(r->qp) == 0);
+	NEED(ibv_destroy_qp(noise_out_) == 0);
+	NEED(ibv_destroy_qp(noise_in_) == 0);
+	NEED(ibv_dereg_mr(noise_mr_) == 0);
+	NEED(ibv_dereg_mr(noise_local_mr_) == 0);
+	NEED(ibv_destroy_cq(noise_cq_) == 0);
 	NEED(ibv_destroy_ah(ah_) == 0);
 	NEED(ibv_destroy_srq(xsrq_) == 0);
 	NEED(ibv_destroy_srq(srq_) == 0);
@@ -1348,8 +1387,98 @@ void Worker::critical_section()
 	stats_.cs++;
 }
 
+void Worker::noise_setup()
+{
+	noise_cq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+	NEED(noise_cq_);
+	noise_out_ = make_qp(Kind::Rc, true, noise_cq_, noise_cq_, nullptr);
+	noise_in_ = make_qp(Kind::Rc, false, noise_cq_, noise_cq_, nullptr);
+	noise_mem_ = map_bytes(noise_bytes);
+	noise_local_ = map_bytes(2 * noise_bytes);
+	NEED(noise_mem_ && noise_local_);
+	noise_mr_ = ibv_reg_mr(pd_, noise_mem_, noise_bytes,
+			       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				       IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	noise_local_mr_ = ibv_reg_mr(pd_, noise_local_, 2 * noise_bytes, IBV_ACCESS_LOCAL_WRITE);
+	NEED(noise_mr_ && noise_local_mr_);
+}
+
+/* The noise thread: until stopped (at least once, at most 16 times a
+ * round), WRITE a pattern into
+ * our window at the next rank, READ it back, FETCH_AND_ADD its counter; only
+ * the last WR signaled (it retires the others). Own RNG, own CQ. */
+void Worker::noise_loop()
+{
+	const Info &to = info_[(me_ + 1) % c_.procs];
+	Rng r(key_of(c_.seed, me_, unsigned(round_), 0x4015e));
+	char *src = noise_local_, *dst = noise_local_ + noise_bytes / 2, *old = noise_local_ + noise_bytes;
+	uint64_t budget = r.range(1, 16);
+	do {
+		uint32_t len = uint32_t(r.range(1, noise_bytes / 2 - 8));
+		uint64_t off = 8 + r.below(noise_bytes - 8 - len);
+		uint64_t key = key_of(c_.seed, me_, 0x4015e, noise_iter_);
+		uint64_t add = r.range(1, 1000);
+		pattern_fill(src, len, key, 0);
+		std::memset(dst, 0, len);
+		struct ibv_sge sg[3] = {{uint64_t(uintptr_t(src)), len, noise_local_mr_->lkey},
+					{uint64_t(uintptr_t(dst)), len, noise_local_mr_->lkey},
+					{uint64_t(uintptr_t(old)), 8, noise_local_mr_->lkey}};
+		uint64_t wr_id = 0x4015e00000000ull + noise_iter_;
+		if (r.chance(50)) {
+			struct ibv_qp_ex *x = ibv_qp_to_qp_ex(noise_out_);
+			ibv_wr_start(x);
+			x->wr_id = 1;
+			x->wr_flags = 0;
+			ibv_wr_rdma_write(x, to.noise_rkey, to.noise_addr + off);
+			ibv_wr_set_sge_list(x, 1, &sg[0]);
+			x->wr_id = 2;
+			ibv_wr_rdma_read(x, to.noise_rkey, to.noise_addr + off);
+			ibv_wr_set_sge_list(x, 1, &sg[1]);
+			x->wr_id = wr_id;
+			x->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_atomic_fetch_add(x, to.noise_rkey, to.noise_addr, add);
+			ibv_wr_set_sge_list(x, 1, &sg[2]);
+			NEED(ibv_wr_complete(x) == 0);
+		} else {
+			struct ibv_send_wr w[3] = {}, *bad = nullptr;
+			w[0].opcode = IBV_WR_RDMA_WRITE;
+			w[0].wr.rdma = {to.noise_addr + off, to.noise_rkey};
+			w[1].opcode = IBV_WR_RDMA_READ;
+			w[1].wr.rdma = {to.noise_addr + off, to.noise_rkey};
+			w[2].opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+			w[2].wr.atomic.remote_addr = to.noise_addr;
+			w[2].wr.atomic.rkey = to.noise_rkey;
+			w[2].wr.atomic.compare_add = add;
+			w[2].wr_id = wr_id;
+			w[2].send_flags = IBV_SEND_SIGNALED;
+			for (int i = 0; i < 3; i++) {
+				w[i].sg_list = &sg[i];
+				w[i].num_sge = 1;
+				w[i].next = i < 2 ? &w[i + 1] : nullptr;
+			}
+			NEED(ibv_post_send(noise_out_, w, &bad) == 0);
+		}
+		struct ibv_wc wc{};
+		auto end = Clock::now() + std::chrono::milliseconds(wait_ms);
+		int n;
+		while ((n = ibv_poll_cq(noise_cq_, 1, &wc)) == 0 && Clock::now() < end)
+			std::this_thread::yield();
+		if (n != 1 || wc.status != IBV_WC_SUCCESS || wc.wr_id != wr_id ||
+		    wc.opcode != IBV_WC_FETCH_ADD)
+			fail("noise thread: completion %d, status %d, wr_id 0x%" PRIx64 ", opcode %d", n,
+			     int(wc.status), wc.wr_id, int(wc.opcode));
+		if (int64_t at = pattern_check(dst, len, key, 0); at >= 0)
+			fail("noise thread: READ back of a %u-byte WRITE: byte %" PRId64 " wrong", len, at);
+		noise_added_ += add;
+		noise_iter_++;
+		usleep(useconds_t(r.below(300))); /* noise, not a CPU hog */
+	} while (!noise_stop_.load(std::memory_order_relaxed) && --budget);
+}
+
 void Worker::send_phase()
 {
+	noise_stop_ = false;
+	noise_thread_ = std::thread([this] { noise_loop(); });
 	send_used_ = 0;
 	out_.clear();
 	size_t total = 0;
@@ -1395,6 +1524,8 @@ void Worker::send_phase()
 		cs_at.pop_back();
 	}
 	wait_for("the round's completions", [&] { return sends_left_ == 0 && recvs_left_ == 0; });
+	noise_stop_ = true;
+	noise_thread_.join();
 }
 
 void Worker::end_of_round()
@@ -1475,8 +1606,19 @@ void Worker::final_checks()
 			fail("counter %u: %" PRIu64 " after %zu adds returned (%zu scheduled), expected %" PRIu64,
 			     k, atom_[k], v.size(), count[k], expect[k]);
 	}
+	stats_.noise_iters = noise_iter_;
+	stats_.noise_adds = noise_added_;
 	all = link_.allgather(bytes_of(&stats_, sizeof(stats_)), wait_ms);
 	NEED(all.size() == c_.procs);
+	/* The previous rank's noise thread alone added to our noise counter. */
+	Stats prev;
+	NEED(all[(me_ + c_.procs - 1) % c_.procs].size() == sizeof(Stats));
+	std::memcpy(&prev, all[(me_ + c_.procs - 1) % c_.procs].data(), sizeof(prev));
+	uint64_t noise_counter;
+	std::memcpy(&noise_counter, noise_mem_, 8);
+	if (noise_counter != prev.noise_adds || prev.noise_iters < c_.rounds)
+		fail("noise counter %" PRIu64 ", expected %" PRIu64 " (%" PRIu64 " iterations)",
+		     noise_counter, prev.noise_adds, prev.noise_iters);
 	if (me_ == 0) {
 		Stats t{};
 		for (auto &b : all) {
@@ -1489,6 +1631,7 @@ void Worker::final_checks()
 			t.recvs += s.recvs;
 			t.late_recvs += s.late_recvs;
 			t.churned += s.churned;
+			t.noise_iters += s.noise_iters;
 			t.events += s.events;
 			t.cs += s.cs;
 			t.cas_retries += s.cas_retries;
@@ -1503,9 +1646,10 @@ void Worker::final_checks()
 		std::printf("%" PRIu64 " bytes, %" PRIu64 " receives (%" PRIu64 " posted late), %" PRIu64
 			    " critical sections (%" PRIu64
 			    " lock retries), %" PRIu64 " ibv_wr batches, %" PRIu64 " ibv_post_send calls, %" PRIu64
-			    " channel events, %" PRIu64 " QP reset or re-created\n", t.bytes, t.recvs,
+			    " channel events, %" PRIu64 " QP reset or re-created, %" PRIu64
+			    " noise-thread iterations\n", t.bytes, t.recvs,
 			    t.late_recvs, t.cs, t.cas_retries, t.ex_batches,
-			    t.legacy_posts, t.events, t.churned);
+			    t.legacy_posts, t.events, t.churned, t.noise_iters);
 		std::fflush(stdout);
 	}
 }
