@@ -146,7 +146,8 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 		std::memcpy(&wqe, slot, sizeof(wqe));
 		uint32_t n = std::min(wqe.num_sge, q.max_sge);
 		sges.resize(n);
-		std::memcpy(sges.data(), slot + sizeof(wqe), n * sizeof(shm::RecvSge));
+		if (n) /* a WQE may have no SGE: then sges.data() may be null */
+			std::memcpy(sges.data(), slot + sizeof(wqe), n * sizeof(shm::RecvSge));
 		wqe.num_sge = n;
 		/* The slot is rewritten only after head passed it: the copy
 		 * is intact if this succeeds. */
@@ -818,10 +819,19 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		}
 	};
 
-	/* Remote access for one-sided operations. */
+	/* Remote access for one-sided operations, checked against the
+	 * responder's PD: for XRC (whose XRC_RECV QPs have none) the PD of
+	 * the XRC SRQ the WR names, as IBA's XRC annex has it. */
+	uint32_t access_pdn = t.desc->pdn;
+	if (type_ == IBV_QPT_XRC_SEND && wr.opcode != IBV_WR_SEND &&
+	    wr.opcode != IBV_WR_SEND_WITH_IMM && wr.opcode != IBV_WR_SEND_WITH_INV) {
+		if (enum ibv_wc_status st = open_recv_side())
+			return fail(st);
+		access_pdn = rs.pdn;
+	}
 	auto remote_key = [&](uint32_t access, uint64_t len, KeyRef &ref) {
 		ref = acquire_key(peer, wr.rkey);
-		return ref && ref->kind != KeyKind::NullMr && ref->pdn == t.desc->pdn &&
+		return ref && ref->kind != KeyKind::NullMr && ref->pdn == access_pdn &&
 		       ref.permits(wr.remote_addr, len, access);
 	};
 	auto responder_error = [&](uint32_t what) {

@@ -111,3 +111,25 @@ TEST_CASE("RC: min_rnr_timer changed in RTS is the one the requester waits", "[r
 	CHECK(wc.status == IBV_WC_RNR_RETRY_EXC_ERR);
 	CHECK(ms >= 35);
 }
+
+TEST_CASE("RC: a zero-length SEND into a receive WQE without SGEs", "[robust]")
+{
+	/* The WQE's (empty) SGE list is copied out of the ring: no memcpy
+	 * into a null vector (UBSan found it under the stress test). */
+	Pair p;
+	p.connect();
+	struct ibv_recv_wr rwr{}, *rbad = nullptr;
+	rwr.wr_id = 7;
+	REQUIRE(ibv_post_recv(p.b.qp, &rwr, &rbad) == 0);
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 8;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 8));
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 7 && wc.byte_len == 0 &&
+	       wc.opcode == IBV_WC_RECV));
+}

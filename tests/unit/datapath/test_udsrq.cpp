@@ -497,6 +497,114 @@ TEST_CASE("XRC_SEND reaches an XRC SRQ in another process through its XRC_RECV Q
 	ibv_destroy_cq(cq);
 }
 
+TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR names", "[xrc]")
+{
+	/* XRC_RECV QPs have no PD: the responder validates rkeys against the
+	 * XRC SRQ's (found by the stress test: every one-sided XRC operation
+	 * failed with REM_ACCESS_ERR). One process takes the same path. */
+	Dev d;
+	struct ibv_pd *other = ibv_alloc_pd(d.ctx);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_xrcd_init_attr xa{};
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.fd = -1;
+	struct ibv_xrcd *xrcd = ibv_open_xrcd(d.ctx, &xa);
+	REQUIRE((other && cq && xrcd));
+	struct ibv_srq_init_attr_ex sa{};
+	sa.attr.max_wr = 8;
+	sa.attr.max_sge = 1;
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+		       IBV_SRQ_INIT_ATTR_PD;
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.xrcd = xrcd;
+	sa.cq = cq;
+	sa.pd = d.pd;
+	struct ibv_srq *srq = ibv_create_srq_ex(d.ctx, &sa);
+	REQUIRE(srq);
+	uint32_t srqn = 0;
+	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
+	struct ibv_qp_init_attr_ex qa{};
+	qa.qp_type = IBV_QPT_XRC_RECV;
+	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	qa.xrcd = xrcd;
+	struct ibv_qp *rqp = ibv_create_qp_ex(d.ctx, &qa);
+	qa = {};
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	qa.send_cq = cq;
+	qa.recv_cq = cq;
+	qa.cap.max_send_wr = 8;
+	qa.cap.max_send_sge = 1;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qa.pd = d.pd;
+	struct ibv_qp *sqp = ibv_create_qp_ex(d.ctx, &qa);
+	REQUIRE((rqp && sqp));
+	/* The responder's QP grants remote access (to_rts grants none). */
+	struct ibv_qp_attr ra{};
+	ra.qp_state = IBV_QPS_INIT;
+	ra.port_num = 1;
+	ra.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			     IBV_ACCESS_REMOTE_ATOMIC;
+	REQUIRE(ibv_modify_qp(rqp, &ra, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					       IBV_QP_ACCESS_FLAGS) == 0);
+	ra = {};
+	ra.qp_state = IBV_QPS_RTR;
+	ra.path_mtu = IBV_MTU_1024;
+	ra.dest_qp_num = sqp->qp_num;
+	ra.min_rnr_timer = 1;
+	ra.max_dest_rd_atomic = 1;
+	ra.ah_attr.dlid = d.port.lid;
+	ra.ah_attr.port_num = 1;
+	REQUIRE(ibv_modify_qp(rqp, &ra, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+					       IBV_QP_MIN_RNR_TIMER) == 0);
+	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
+	const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			   IBV_ACCESS_REMOTE_ATOMIC;
+	std::vector<uint64_t> target(4, 0), stranger(4, 0);
+	struct ibv_mr *mr = ibv_reg_mr(d.pd, target.data(), 32, remote);
+	struct ibv_mr *other_mr = ibv_reg_mr(other, stranger.data(), 32, remote);
+	REQUIRE((mr && other_mr));
+	auto post = [&](enum ibv_wr_opcode op, struct ibv_sge s, struct ibv_mr *to, uint64_t add) {
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = op;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.sg_list = &s;
+		wr.num_sge = 1;
+		wr.qp_type.xrc.remote_srqn = srqn;
+		if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+			wr.wr.atomic.remote_addr = uint64_t(uintptr_t(to->addr)) + 8;
+			wr.wr.atomic.rkey = to->rkey;
+			wr.wr.atomic.compare_add = add;
+		} else {
+			wr.wr.rdma.remote_addr = uint64_t(uintptr_t(to->addr));
+			wr.wr.rdma.rkey = to->rkey;
+		}
+		struct ibv_wc wc{};
+		if (ibv_post_send(sqp, &wr, &bad) || poll_one(cq, wc) != 1)
+			return IBV_WC_GENERAL_ERR;
+		return wc.status;
+	};
+	std::memcpy(d.buf.data(), "xrc-rdma", 8);
+	CHECK(post(IBV_WR_RDMA_WRITE, d.sge(0, 8), mr, 0) == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(target.data(), "xrc-rdma", 8) == 0);
+	CHECK(post(IBV_WR_RDMA_READ, d.sge(64, 8), mr, 0) == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(d.buf.data() + 64, "xrc-rdma", 8) == 0);
+	CHECK(post(IBV_WR_ATOMIC_FETCH_AND_ADD, d.sge(128, 8), mr, 5) == IBV_WC_SUCCESS);
+	CHECK(target[1] == 5);
+	/* An MR of another PD than the SRQ's: a remote access error. */
+	CHECK(post(IBV_WR_RDMA_WRITE, d.sge(0, 8), other_mr, 0) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(stranger[0] == 0);
+	CHECK(wait_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, rqp));
+	CHECK(ibv_destroy_qp(sqp) == 0);
+	CHECK(ibv_destroy_qp(rqp) == 0);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(ibv_dereg_mr(other_mr) == 0);
+	CHECK(ibv_destroy_srq(srq) == 0);
+	CHECK(ibv_close_xrcd(xrcd) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_dealloc_pd(other) == 0);
+}
+
 /* ---- UD ---- */
 
 struct UdPair {
