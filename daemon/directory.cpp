@@ -229,24 +229,24 @@ bool same_file(int a, int b, const struct stat &st)
 
 } // namespace
 
-std::shared_ptr<const UniqueFd> Directory::share_file(Client &c, UniqueFd fd)
+std::shared_ptr<const Directory::AttachedFile> Directory::share_file(Client &c, UniqueFd fd)
 {
 	struct stat st;
 	if (::fstat(fd.get(), &st) != 0)
-		return std::make_shared<const UniqueFd>(std::move(fd));
+		return std::make_shared<const AttachedFile>(AttachedFile{std::move(fd), next_file_id_++});
 	auto id = std::make_pair(st.st_dev, st.st_ino);
 	auto [first, last] = c.files.equal_range(id);
 	for (auto it = first; it != last;) {
-		std::shared_ptr<const UniqueFd> held = it->second.lock();
+		std::shared_ptr<const AttachedFile> held = it->second.lock();
 		if (!held) {
 			it = c.files.erase(it); /* its objects are gone */
 			continue;
 		}
-		if (same_file(held->get(), fd.get(), st))
+		if (same_file(held->fd.get(), fd.get(), st))
 			return held; /* `fd` is closed */
 		++it;
 	}
-	auto fresh = std::make_shared<const UniqueFd>(std::move(fd));
+	auto fresh = std::make_shared<const AttachedFile>(AttachedFile{std::move(fd), next_file_id_++});
 	c.files.emplace(id, fresh);
 	return fresh;
 }
@@ -266,7 +266,7 @@ int Directory::attach_fd(ClientId client, const ObjectName &object, uint32_t slo
 }
 
 int Directory::fetch_fd(ClientId client, const ObjectName &object, uint32_t slot, int *fd,
-			pid_t *owner_pid)
+			pid_t *owner_pid, uint64_t *file_id)
 {
 	if (int err = check_name(object))
 		return err;
@@ -281,7 +281,9 @@ int Directory::fetch_fd(ClientId client, const ObjectName &object, uint32_t slot
 	Client &owner = clients_.at(obj.owner);
 	if (client != obj.owner)
 		owner.watchers.insert(client);
-	*fd = obj.fds[slot]->get();
+	*fd = obj.fds[slot]->fd.get();
+	if (file_id)
+		*file_id = obj.fds[slot]->id;
 	*owner_pid = owner.pid;
 	return 0;
 }

@@ -78,20 +78,27 @@ public:
 	 * one descriptor per file rather than one per object (thousands of
 	 * QPs must not exhaust its RLIMIT_NOFILE). */
 	int attach_fd(ClientId client, const ObjectName &object, uint32_t slot, UniqueFd fd);
-	/* *fd stays owned by the directory. */
+	/* *fd stays owned by the directory. *file_id (if asked) names the open
+	 * file: equal for two objects only if they hold the same file, never
+	 * reused, so a client can keep one descriptor per file. */
 	int fetch_fd(ClientId client, const ObjectName &object, uint32_t slot, int *fd,
-		     pid_t *owner_pid);
+		     pid_t *owner_pid, uint64_t *file_id = nullptr);
 
 	DirectoryStats stats() const;
 
 private:
 	using Key = uint64_t; /* device, kind and id packed, see key_of() */
 
+	/* An attached descriptor, shared by the objects that name its file. */
+	struct AttachedFile {
+		UniqueFd fd;
+		uint64_t id; /* Directory::next_file_id_ */
+	};
 	struct Object {
 		ClientId owner;
 		uint64_t segment = 0; /* 0: not published */
 		uint64_t offset = 0;
-		std::array<std::shared_ptr<const UniqueFd>, fd_slots> fds;
+		std::array<std::shared_ptr<const AttachedFile>, fd_slots> fds;
 	};
 	struct Segment {
 		ClientId owner;
@@ -104,7 +111,7 @@ private:
 		std::set<uint64_t> segments;
 		std::set<ClientId> watchers; /* resolved our objects */
 		/* The descriptors its objects hold, by (st_dev, st_ino). */
-		std::multimap<std::pair<dev_t, ino_t>, std::weak_ptr<const UniqueFd>> files;
+		std::multimap<std::pair<dev_t, ino_t>, std::weak_ptr<const AttachedFile>> files;
 	};
 	/* Round-robin cursor of one (device, kind) number space. */
 	struct IdSpace {
@@ -118,10 +125,11 @@ private:
 	Object *owned_object(ClientId client, const ObjectName &object, int *err);
 	void drop_object(Key key);
 	void unpublish(Object &obj);
-	static std::shared_ptr<const UniqueFd> share_file(Client &c, UniqueFd fd);
+	std::shared_ptr<const AttachedFile> share_file(Client &c, UniqueFd fd);
 
 	uint32_t id_limit_;
 	uint64_t next_segment_ = 1;
+	uint64_t next_file_id_ = 1;
 	uint64_t ids_handed_out_ = 0;
 	uint32_t published_ = 0;
 	std::map<ClientId, Client> clients_;
