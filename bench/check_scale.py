@@ -17,10 +17,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KEYS = {"group", "name", "value", "unit", "reference", "ratio", "target", "pass"}
 EXPECTED = ["rc_qps_with_traffic", "qps_messages_checked", "qps_create_time",
             "qps_connect_time", "qps_traffic_time", "qps_destroy_time", "qps_total_time",
-            "qps_client_fds", "bw_write_1qp", "bw_write_256qp", "shm_queues_per_qp",
-            "shm_per_qp", "shm_overhead_per_qp", "oversub_1pair_x8", "oversub_8pairs"]
+            "qps_client_fds", "bw_write_1qp", "bw_write_256qp", "bw_write_1qp_per_cpu",
+            "bw_write_256qp_per_cpu", "shm_queues_per_qp", "shm_per_qp",
+            "shm_overhead_per_qp", "oversub_1pair_x8", "oversub_8pairs",
+            "oversub_events_1pair_x8", "oversub_events_8pairs"]
 # Functional results: these must pass even in the smoke test.
-MUST_PASS = ["rc_qps_with_traffic", "shm_per_qp", "oversub_8pairs"]
+MUST_PASS = ["rc_qps_with_traffic", "shm_per_qp", "oversub_8pairs", "oversub_events_8pairs"]
 
 
 def main():

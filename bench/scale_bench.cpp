@@ -20,9 +20,10 @@
  *   scale_bench mem --qps N
  *       One process: bytes the shared segment's memfd allocates for N more
  *       QPs (one CQ each), and what their queues need (lib/shm_layout.h).
- *   scale_bench work --rounds R [--batch B] [--msg BYTES]
+ *   scale_bench work --rounds R [--batch B] [--msg BYTES] [--events 1]
  *       A fixed request/answer workload on one QP: R rounds of B WRITEs and
- *       a SEND, answered by a SEND after the server checked the data.
+ *       a SEND, answered by a SEND after the server checked the data. Both
+ *       sides spin on their CQs, or with --events 1 sleep on a channel.
  */
 #include <infiniband/verbs.h>
 
@@ -43,6 +44,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <ctime>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -579,6 +581,12 @@ void run_bw(const Options &o, int ctl, bool server)
 		}
 	}
 	completed = 0;
+	auto cpu_now = [] {
+		struct timespec ts;
+		clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+		return double(ts.tv_sec) + double(ts.tv_nsec) / 1e9;
+	};
+	double cpu0 = cpu_now();
 	auto t0 = Clock::now();
 	for (uint64_t k = 0; k < count; k++) {
 		uint32_t q = uint32_t(k % o.qps);
@@ -595,13 +603,15 @@ void run_bw(const Options &o, int ctl, bool server)
 			check_deadline("write completions");
 	}
 	double secs = seconds_since(t0);
+	double cpu = cpu_now() - cpu0;
 	if (completed != count)
 		die("completed %" PRIu64 " of %" PRIu64, completed, count);
 	sync_byte(ctl, true);
 	s.close();
 	std::printf("{\"mode\": \"bw\", \"qps\": %u, \"msg\": %" PRIu64 ", \"bytes\": %" PRIu64
-		    ", \"seconds\": %.6f, \"gbps\": %.4f}\n",
-		    o.qps, o.msg, count * o.msg, secs, double(count * o.msg) / secs / 1e9);
+		    ", \"seconds\": %.6f, \"gbps\": %.4f, \"cpu_seconds\": %.6f, \"gb_per_cpu_s\": %.4f}\n",
+		    o.qps, o.msg, count * o.msg, secs, double(count * o.msg) / secs / 1e9, cpu,
+		    double(count * o.msg) / cpu / 1e9);
 }
 
 /* ---- mem: shared memory per QP ---- */
@@ -723,6 +733,8 @@ void run_work(const Options &o, int ctl, bool server)
 	s.open();
 	/* [0, batch*msg): the WRITE area; then two 64-byte message slots. */
 	uint64_t area = uint64_t(o.batch) * o.msg;
+	if (o.events && !(s.channel = ibv_create_comp_channel(s.ctx)))
+		die("ibv_create_comp_channel");
 	s.make_buffer(area + 2 * small_msg);
 	s.make_qps(1, o.batch + 2, 4, int(o.batch) + 4, 4);
 	std::vector<uint32_t> peer;
@@ -754,7 +766,7 @@ void run_work(const Options &o, int ctl, bool server)
 	auto t0 = Clock::now();
 	for (uint32_t r = 1; r <= o.rounds; r++) {
 		if (server) {
-			struct ibv_wc wc = poll_one(s.recv_cq, "request");
+			struct ibv_wc wc = poll_one(s.recv_cq, "request", s.channel);
 			uint32_t got;
 			std::memcpy(&got, s.buf.data() + area, sizeof(got));
 			if (wc.byte_len != small_msg || got != r)
@@ -778,7 +790,7 @@ void run_work(const Options &o, int ctl, bool server)
 			std::memcpy(s.buf.data() + area + small_msg, &r, sizeof(r));
 			post_send(qp, IBV_WR_SEND, 1, s, area + small_msg, small_msg, true);
 			poll_one(s.send_cq, "request sent");
-			struct ibv_wc wc = poll_one(s.recv_cq, "answer");
+			struct ibv_wc wc = poll_one(s.recv_cq, "answer", s.channel);
 			uint32_t got;
 			std::memcpy(&got, s.buf.data() + area, sizeof(got));
 			if (wc.byte_len != small_msg || got != r)
