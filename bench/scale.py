@@ -132,30 +132,34 @@ def measure_mem(r, qps, repeat):
 
 
 def measure_oversubscribed(r, pairs, rounds, repeat, timeout, events):
-    """The same total work as 1 pair and as `pairs` pairs at once, each
-    pair started at one common instant (after every process is set up);
-    the time is from that instant to the last pair's end. Both sides of a
+    """The same total work as 1 pair and as `pairs` pairs at once, all
+    started together once every pair is connected (a barrier directory);
+    the time is from the start to the last pair's end. Both sides of a
     pair spin on their CQs, or (events) sleep on a completion channel."""
-    setup = 2.0 + 0.25 * pairs
     mode = ["--events", 1] if events else []
 
     def group(n, work):
+        barrier = tempfile.mkdtemp(prefix="barrier-", dir=r.runtime)
         t0 = time.monotonic()
-        start_at = t0 + setup
-        procs = [r.start("work", "--rounds", work, "--start-at", f"{start_at:.6f}", *mode)
+        procs = [r.start("work", "--rounds", work, "--barrier", barrier, *mode)
                  for _ in range(n)]
+        # Every client connected and waiting: go.
+        while len([f for f in os.listdir(barrier) if f.startswith("ready.")]) < n:
+            if time.monotonic() > t0 + timeout or any(p.poll() is not None for p in procs):
+                break  # finish() below reports the failure
+            time.sleep(0.005)
+        start = time.monotonic()
+        open(os.path.join(barrier, "go"), "w").close()
         results, failure = [], None
         for p in procs:
             try:
-                results.append(r.finish(p, t0 + setup + timeout))
+                results.append(r.finish(p, start + timeout))
             except RunFailed as e:
                 failure = failure or e
+        shutil.rmtree(barrier, ignore_errors=True)
         if failure:
             raise failure
-        late = max(x["start"] for x in results) - start_at
-        if late > 0.05:
-            print(f"scale.py: a pair started {late:.3f} s late", file=sys.stderr)
-        return max(x["end"] for x in results) - start_at
+        return max(x["end"] for x in results) - start
 
     single, many = [], []
     for _ in range(repeat):

@@ -20,7 +20,7 @@
  *   scale_bench mem --qps N
  *       One process: bytes the shared segment's memfd allocates for N more
  *       QPs (one CQ each), and what their queues need (lib/shm_layout.h).
- *   scale_bench work --rounds R [--batch B] [--msg BYTES] [--events 1]
+ *   scale_bench work --rounds R [--batch B] [--msg BYTES] [--events 1] [--barrier DIR]
  *       A fixed request/answer workload on one QP: R rounds of B WRITEs and
  *       a SEND, answered by a SEND after the server checked the data. Both
  *       sides spin on their CQs, or with --events 1 sleep on a channel.
@@ -66,7 +66,7 @@ struct Options {
 	uint64_t msg = 64 * 1024;
 	uint64_t total = 256ull << 20;
 	double timeout_s = 60;
-	double start_at = 0; /* work: CLOCK_MONOTONIC seconds to start at */
+	std::string barrier; /* work: a directory, see run_work() */
 	uint64_t nofile = 0; /* RLIMIT_NOFILE soft limit for both processes */
 	int serve_fd = -1; /* >= 0: this process is the server */
 };
@@ -756,12 +756,19 @@ void run_work(const Options &o, int ctl, bool server)
 	post_recv(qp, 0, s, area, small_msg);
 	s.connect(peer, pe.lid);
 	sync_byte(ctl, !server);
-	/* Pairs run at once start together (steady_clock is CLOCK_MONOTONIC,
-	 * the clock of the driver's time.monotonic()). */
-	if (!server && o.start_at > 0) {
-		auto at = Clock::time_point(std::chrono::duration_cast<Clock::duration>(
-			std::chrono::duration<double>(o.start_at)));
-		std::this_thread::sleep_until(at);
+	/* Pairs run at once start together: each client, once connected,
+	 * creates BARRIER/ready.<pid> and waits (sleeping) for BARRIER/go. */
+	if (!server && !o.barrier.empty()) {
+		std::string ready = o.barrier + "/ready." + std::to_string(getpid());
+		int fd = ::open(ready.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+		if (fd < 0)
+			die("%s: %s", ready.c_str(), std::strerror(errno));
+		::close(fd);
+		std::string go = o.barrier + "/go";
+		while (::access(go.c_str(), F_OK) != 0) {
+			check_deadline("the start barrier");
+			std::this_thread::sleep_for(std::chrono::microseconds(200));
+		}
 	}
 	auto t0 = Clock::now();
 	for (uint32_t r = 1; r <= o.rounds; r++) {
@@ -843,7 +850,7 @@ Options parse(int argc, char **argv)
 		else if (a == "--msg") o.msg = parse_size(v);
 		else if (a == "--total") o.total = parse_size(v);
 		else if (a == "--timeout") o.timeout_s = std::strtod(v, nullptr);
-		else if (a == "--start-at") o.start_at = std::strtod(v, nullptr);
+		else if (a == "--barrier") o.barrier = v;
 		else if (a == "--nofile") o.nofile = parse_size(v);
 		else if (a == "--serve") o.serve_fd = std::atoi(v);
 		else die("unknown option %s", a.c_str());
