@@ -159,6 +159,17 @@ void Segment::free(uint64_t off, uint64_t bytes)
 	if (!off)
 		return;
 	bytes = align64(bytes ? bytes : 1);
+	/* The pages wholly inside the area go back to the system: a process
+	 * that creates and destroys queues does not keep their memory. Their
+	 * owner already made sure no peer is inside them (QpEngine::quiesce,
+	 * CQ use counts); a late reader sees zeros, which fail every magic
+	 * check. Reuse zeroes the area anyway (alloc). */
+	static const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+	uint64_t first = (off + page - 1) & ~(page - 1);
+	uint64_t end = (off + bytes) & ~(page - 1);
+	if (end > first)
+		fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(first),
+			  off_t(end - first));
 	std::lock_guard guard(lock_);
 	free_[bytes].push_back(off);
 }
