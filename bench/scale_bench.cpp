@@ -13,17 +13,20 @@
  *       server checks each message (QP, round, payload) and answers on the
  *       same QP, the client checks the answers. Every completion checked.
  *       --events 1: both sides wait for receives on a completion channel.
- *   Any mode: --nofile N sets RLIMIT_NOFILE's soft limit of both processes.
  *   scale_bench bw --qps N --msg BYTES --total BYTES
  *       RDMA WRITEs of BYTES, round-robin over N QPs, all signaled, all
- *       completions checked; the target is passive. Prints GB/s.
+ *       completions checked; the target is passive. Prints GB/s and bytes
+ *       per client CPU-second.
  *   scale_bench mem --qps N
  *       One process: bytes the shared segment's memfd allocates for N more
- *       QPs (one CQ each), and what their queues need (lib/shm_layout.h).
+ *       QPs (one CQ each), fresh and after every ring went round once, and
+ *       what their queues need (lib/shm_layout.h).
  *   scale_bench work --rounds R [--batch B] [--msg BYTES] [--events 1] [--barrier DIR]
  *       A fixed request/answer workload on one QP: R rounds of B WRITEs and
  *       a SEND, answered by a SEND after the server checked the data. Both
  *       sides spin on their CQs, or with --events 1 sleep on a channel.
+ *   Any mode: --nofile N sets RLIMIT_NOFILE's soft limit of both processes,
+ *   --timeout S bounds the run (default 60 s).
  */
 #include <infiniband/verbs.h>
 
