@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 #include "directory.h"
 
+#include <linux/kcmp.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -211,6 +214,43 @@ int Directory::resolve(ClientId client, const ObjectName &object, Resolution *ou
 	return 0;
 }
 
+namespace {
+
+/* Both descriptors name the same open file. A memfd (a regular file) is
+ * known by its inode; anything else (eventfds share one anonymous inode)
+ * needs kcmp(2), and without it nothing is shared. */
+bool same_file(int a, int b, const struct stat &st)
+{
+	if (S_ISREG(st.st_mode))
+		return true;
+	pid_t self = ::getpid();
+	return ::syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0;
+}
+
+} // namespace
+
+std::shared_ptr<const Directory::AttachedFile> Directory::share_file(Client &c, UniqueFd fd)
+{
+	struct stat st;
+	if (::fstat(fd.get(), &st) != 0)
+		return std::make_shared<const AttachedFile>(AttachedFile{std::move(fd), next_file_id_++});
+	auto id = std::make_pair(st.st_dev, st.st_ino);
+	auto [first, last] = c.files.equal_range(id);
+	for (auto it = first; it != last;) {
+		std::shared_ptr<const AttachedFile> held = it->second.lock();
+		if (!held) {
+			it = c.files.erase(it); /* its objects are gone */
+			continue;
+		}
+		if (same_file(held->fd.get(), fd.get(), st))
+			return held; /* `fd` is closed */
+		++it;
+	}
+	auto fresh = std::make_shared<const AttachedFile>(AttachedFile{std::move(fd), next_file_id_++});
+	c.files.emplace(id, fresh);
+	return fresh;
+}
+
 int Directory::attach_fd(ClientId client, const ObjectName &object, uint32_t slot, UniqueFd fd)
 {
 	int err;
@@ -221,12 +261,12 @@ int Directory::attach_fd(ClientId client, const ObjectName &object, uint32_t slo
 		return EINVAL;
 	if (!fd)
 		return EBADF;
-	obj->fds[slot] = std::move(fd);
+	obj->fds[slot] = share_file(clients_.at(client), std::move(fd));
 	return 0;
 }
 
 int Directory::fetch_fd(ClientId client, const ObjectName &object, uint32_t slot, int *fd,
-			pid_t *owner_pid)
+			pid_t *owner_pid, uint64_t *file_id)
 {
 	if (int err = check_name(object))
 		return err;
@@ -241,7 +281,9 @@ int Directory::fetch_fd(ClientId client, const ObjectName &object, uint32_t slot
 	Client &owner = clients_.at(obj.owner);
 	if (client != obj.owner)
 		owner.watchers.insert(client);
-	*fd = obj.fds[slot].get();
+	*fd = obj.fds[slot]->fd.get();
+	if (file_id)
+		*file_id = obj.fds[slot]->id;
 	*owner_pid = owner.pid;
 	return 0;
 }

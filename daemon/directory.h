@@ -25,6 +25,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -70,22 +71,34 @@ public:
 	int publish(ClientId client, const ObjectName &object, uint64_t segment, uint64_t offset);
 	/* Resolving one's own object is allowed and watches nobody. */
 	int resolve(ClientId client, const ObjectName &object, Resolution *out);
-	/* Replaces what the slot held. */
+	/* Replaces what the slot held. A descriptor naming the same open file
+	 * as one the client attached before is closed and that one shared:
+	 * processes attach their memory and bounce files to every object they
+	 * publish, and a CQ channel to each of its QPs, so the broker holds
+	 * one descriptor per file rather than one per object (thousands of
+	 * QPs must not exhaust its RLIMIT_NOFILE). */
 	int attach_fd(ClientId client, const ObjectName &object, uint32_t slot, UniqueFd fd);
-	/* *fd stays owned by the directory. */
+	/* *fd stays owned by the directory. *file_id (if asked) names the open
+	 * file: equal for two objects only if they hold the same file, never
+	 * reused, so a client can keep one descriptor per file. */
 	int fetch_fd(ClientId client, const ObjectName &object, uint32_t slot, int *fd,
-		     pid_t *owner_pid);
+		     pid_t *owner_pid, uint64_t *file_id = nullptr);
 
 	DirectoryStats stats() const;
 
 private:
 	using Key = uint64_t; /* device, kind and id packed, see key_of() */
 
+	/* An attached descriptor, shared by the objects that name its file. */
+	struct AttachedFile {
+		UniqueFd fd;
+		uint64_t id; /* Directory::next_file_id_ */
+	};
 	struct Object {
 		ClientId owner;
 		uint64_t segment = 0; /* 0: not published */
 		uint64_t offset = 0;
-		std::array<UniqueFd, fd_slots> fds;
+		std::array<std::shared_ptr<const AttachedFile>, fd_slots> fds;
 	};
 	struct Segment {
 		ClientId owner;
@@ -97,6 +110,8 @@ private:
 		std::set<Key> objects;
 		std::set<uint64_t> segments;
 		std::set<ClientId> watchers; /* resolved our objects */
+		/* The descriptors its objects hold, by (st_dev, st_ino). */
+		std::multimap<std::pair<dev_t, ino_t>, std::weak_ptr<const AttachedFile>> files;
 	};
 	/* Round-robin cursor of one (device, kind) number space. */
 	struct IdSpace {
@@ -110,9 +125,11 @@ private:
 	Object *owned_object(ClientId client, const ObjectName &object, int *err);
 	void drop_object(Key key);
 	void unpublish(Object &obj);
+	std::shared_ptr<const AttachedFile> share_file(Client &c, UniqueFd fd);
 
 	uint32_t id_limit_;
 	uint64_t next_segment_ = 1;
+	uint64_t next_file_id_ = 1;
 	uint64_t ids_handed_out_ = 0;
 	uint32_t published_ = 0;
 	std::map<ClientId, Client> clients_;

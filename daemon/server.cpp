@@ -319,8 +319,11 @@ int Server::serve(Connection &conn, const Frame &req, UniqueFd passed, Frame &re
 		reply.object = req.object;
 		int fd = -1;
 		pid_t owner = 0;
-		if ((status = directory_.fetch_fd(conn.id, name, req.object.slot, &fd, &owner)))
+		uint64_t file_id = 0;
+		if ((status = directory_.fetch_fd(conn.id, name, req.object.slot, &fd, &owner,
+						  &file_id)))
 			return status;
+		reply.object.offset = file_id;
 		reply_fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
 		if (!reply_fd)
 			return errno;

@@ -661,7 +661,8 @@ int BrokerClient::attach_fd(const BrokerObject &object, uint32_t slot, int fd)
 	return call(req, fd, &reply, nullptr);
 }
 
-int BrokerClient::fetch_fd(const BrokerObject &object, uint32_t slot, int *fd, pid_t *owner_pid)
+int BrokerClient::fetch_fd(const BrokerObject &object, uint32_t slot, int *fd, pid_t *owner_pid,
+			   uint64_t *file_id)
 {
 	if (!fd)
 		return EINVAL;
@@ -677,6 +678,8 @@ int BrokerClient::fetch_fd(const BrokerObject &object, uint32_t slot, int *fd, p
 		return EPROTO;
 	if (owner_pid)
 		*owner_pid = reply.object.owner_pid;
+	if (file_id)
+		*file_id = reply.object.offset;
 	*fd = owned.release();
 	return 0;
 }

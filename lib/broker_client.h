@@ -107,8 +107,11 @@ public:
 	int resolve(const BrokerObject &object, ResolvedObject *out);
 	/* Attaches a copy of fd to an owned object (slot < broker::fd_slots). */
 	int attach_fd(const BrokerObject &object, uint32_t slot, int fd);
-	/* Receives the descriptor attached to an object; the caller closes it. */
-	int fetch_fd(const BrokerObject &object, uint32_t slot, int *fd, pid_t *owner_pid = nullptr);
+	/* Receives the descriptor attached to an object; the caller closes it.
+	 * *file_id (0: the broker cannot tell) is equal for two objects of one
+	 * owner only when they hold the same open file. */
+	int fetch_fd(const BrokerObject &object, uint32_t slot, int *fd, pid_t *owner_pid = nullptr,
+		     uint64_t *file_id = nullptr);
 	int info(BrokerInfo *out);
 
 	struct Connection; /* internal, in broker_client.cpp */

@@ -128,7 +128,9 @@ struct InfoBody {
  * segment, offset; AttachFd/FetchFd: slot); replies echo object and fill
  *   AllocId:  object.id
  *   Resolve:  owner_pid, segment, offset, size (+ the segment's fd)
- *   FetchFd:  owner_pid (+ the attached fd) */
+ *   FetchFd:  owner_pid, offset = the file's identity (+ the attached fd):
+ *             equal for two objects of one owner only when they hold the
+ *             same open file, never reused; 0 from a broker that cannot tell */
 struct ObjectBody {
 	ObjectName object;
 	uint32_t slot;

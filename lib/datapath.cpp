@@ -397,6 +397,10 @@ void QpEngine::check_remote_errors()
 {
 	if (!desc_)
 		return;
+	/* A load first: the progress thread sweeps every QP, and a swap would
+	 * pull each descriptor's line away from the senders using it. */
+	if (desc_->remote_error.load(std::memory_order_relaxed) == shm::remote_error_none)
+		return;
 	uint32_t err = desc_->remote_error.exchange(shm::remote_error_none);
 	if (err == shm::remote_error_none)
 		return;

@@ -2,8 +2,14 @@
 /*
  * The per-process progress thread: retries send queues that wait (RNR,
  * dead-peer timeouts) and applies errors that senders recorded in the
- * descriptors of our QPs (a passive target learns of them here). It wakes
- * every millisecond while some queue waits, every 10 ms otherwise.
+ * descriptors of our QPs (a passive target learns of them here).
+ *
+ * Its cost must not grow with the number of idle QPs (thousands per
+ * process): it keeps `waiting`, the engines whose last progress() said WRs
+ * remain queued, and retries only those, every millisecond while any wait.
+ * An engine gets there when a post leaves work behind, which kicks the
+ * thread into one pass over every engine. The remote-error check (a load of
+ * one descriptor word) and the pollers run every 10 ms over all of them.
  *
  * Engines register at creation and unregister in their destructor; the
  * thread calls them under `lock`, so an engine is never used after its
@@ -30,6 +36,7 @@ struct ProgressState {
 	std::mutex lock;
 	std::condition_variable wake;
 	std::set<QpEngine *> engines;
+	std::set<QpEngine *> waiting; /* a subset of engines */
 	std::map<void *, void (*)(void *)> pollers;
 	bool started = false;
 	bool kicked = false;
@@ -43,19 +50,32 @@ ProgressState &state()
 
 void thread_main()
 {
+	using Clock = std::chrono::steady_clock;
+	constexpr auto slow_period = std::chrono::milliseconds(10);
+	constexpr auto retry_period = std::chrono::milliseconds(1);
 	ProgressState &st = state();
 	std::unique_lock guard(st.lock);
+	auto next_sweep = Clock::now();
 	for (;;) {
-		bool busy = false;
-		for (QpEngine *e : st.engines) {
-			e->check_remote_errors();
-			busy |= e->progress();
+		if (st.kicked) {
+			/* Some post left work behind: find who. */
+			st.kicked = false;
+			for (QpEngine *e : st.engines)
+				if (e->progress())
+					st.waiting.insert(e);
+		} else {
+			for (auto it = st.waiting.begin(); it != st.waiting.end();)
+				it = (*it)->progress() ? std::next(it) : st.waiting.erase(it);
 		}
-		for (auto &[arg, fn] : st.pollers)
-			fn(arg);
-		st.wake.wait_for(guard, std::chrono::milliseconds(busy ? 1 : 10),
-				 [&st] { return st.kicked; });
-		st.kicked = false;
+		if (Clock::now() >= next_sweep) {
+			for (QpEngine *e : st.engines)
+				e->check_remote_errors();
+			for (auto &[arg, fn] : st.pollers)
+				fn(arg);
+			next_sweep = Clock::now() + slow_period;
+		}
+		auto until = st.waiting.empty() ? next_sweep : Clock::now() + retry_period;
+		st.wake.wait_until(guard, until, [&st] { return st.kicked; });
 	}
 }
 
@@ -97,6 +117,7 @@ void progress_unregister(QpEngine *e)
 	ProgressState &st = state();
 	std::lock_guard guard(st.lock);
 	st.engines.erase(e);
+	st.waiting.erase(e);
 }
 
 void progress_kick()

@@ -38,11 +38,25 @@ std::atomic<int> process_fds[broker::fd_slots] = {-1, -1, -1, -1};
  * thread use it until the process ends, after static destructors ran: it
  * is allocated once and never destroyed.
  */
+/* A peer's CQ channel eventfd as we hold it: one descriptor per channel,
+ * shared by all the peer's objects attached to it (a CQ serves thousands of
+ * QPs; a descriptor per QP would exhaust RLIMIT_NOFILE). */
+struct ChannelFd {
+	explicit ChannelFd(int f) : fd(f) {}
+	ChannelFd(const ChannelFd &) = delete;
+	ChannelFd &operator=(const ChannelFd &) = delete;
+	~ChannelFd() { ::close(fd); }
+	const int fd;
+};
+
 struct PeerCache {
 	std::mutex lock;
 	std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerSegment>> segments;
 	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, PeerObject> objects;
-	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, int> channel_fds;
+	/* By object; null: the object has no channel. */
+	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, std::shared_ptr<ChannelFd>> channel_fds;
+	/* By (owner pid, broker generation, the broker's file identity). */
+	std::map<std::tuple<pid_t, uint64_t, uint64_t>, std::weak_ptr<ChannelFd>> channel_files;
 };
 
 PeerCache &peers()
@@ -64,6 +78,8 @@ void on_broker_event(const BrokerEvent &e)
 	/* Numbers of the departed process may be reused: forget them. */
 	for (auto it = pc.objects.begin(); it != pc.objects.end();)
 		it = it->second.seg->pid == e.pid ? pc.objects.erase(it) : std::next(it);
+	for (auto it = pc.channel_files.begin(); it != pc.channel_files.end();)
+		it = std::get<0>(it->first) == e.pid ? pc.channel_files.erase(it) : std::next(it);
 }
 
 /*
@@ -184,6 +200,17 @@ void Segment::free(uint64_t off, uint64_t bytes)
 	if (!off)
 		return;
 	bytes = align64(bytes ? bytes : 1);
+	/* The pages wholly inside the area go back to the system: a process
+	 * that creates and destroys queues does not keep their memory. Their
+	 * owner already made sure no peer is inside them (QpEngine::quiesce,
+	 * CQ use counts); a late reader sees zeros, which fail every magic
+	 * check. Reuse zeroes the area anyway (alloc). */
+	static const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+	uint64_t first = (off + page - 1) & ~(page - 1);
+	uint64_t end = (off + bytes) & ~(page - 1);
+	if (end > first)
+		fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(first),
+			  off_t(end - first));
 	std::lock_guard guard(lock_);
 	free_[bytes].push_back(off);
 }
@@ -391,31 +418,38 @@ void forget_object(uint32_t device, broker::ObjectKind kind, uint32_t id)
 {
 	std::lock_guard guard(peers().lock);
 	peers().objects.erase(std::make_tuple(device, uint8_t(kind), id));
-	auto it = peers().channel_fds.find(std::make_tuple(device, uint8_t(kind), id));
-	if (it != peers().channel_fds.end()) {
-		if (it->second >= 0)
-			::close(it->second);
-		peers().channel_fds.erase(it);
-	}
+	peers().channel_fds.erase(std::make_tuple(device, uint8_t(kind), id));
 }
 
 int fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id)
 {
 	auto key = std::make_tuple(device, uint8_t(kind), id);
+	PeerCache &pc = peers();
 	{
-		std::lock_guard guard(peers().lock);
-		auto it = peers().channel_fds.find(key);
-		if (it != peers().channel_fds.end())
-			return it->second;
+		std::lock_guard guard(pc.lock);
+		auto it = pc.channel_fds.find(key);
+		if (it != pc.channel_fds.end())
+			return it->second ? it->second->fd : -1;
 	}
 	int fd = -1;
-	if (BrokerClient::instance().fetch_fd({device, kind, id}, 0, &fd) != 0)
-		fd = -1;
-	std::lock_guard guard(peers().lock);
-	auto [it, inserted] = peers().channel_fds.emplace(key, fd);
-	if (!inserted && fd >= 0)
-		::close(fd);
-	return it->second;
+	pid_t owner = 0;
+	uint64_t file = 0;
+	uint64_t generation = BrokerClient::instance().generation();
+	std::shared_ptr<ChannelFd> got;
+	if (BrokerClient::instance().fetch_fd({device, kind, id}, 0, &fd, &owner, &file) == 0)
+		got = std::make_shared<ChannelFd>(fd);
+	std::lock_guard guard(pc.lock);
+	if (got && file) {
+		/* Another object of the owner's already brought this channel:
+		 * keep that descriptor (ours closes as `got` goes). */
+		std::weak_ptr<ChannelFd> &known = pc.channel_files[{owner, generation, file}];
+		if (auto held = known.lock())
+			got = held;
+		else
+			known = got;
+	}
+	auto [it, inserted] = pc.channel_fds.emplace(key, got);
+	return it->second ? it->second->fd : -1;
 }
 
 } // namespace shmverbs

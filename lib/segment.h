@@ -43,6 +43,7 @@ public:
 
 	/* An area of `bytes` (64-byte aligned, zeroed), or 0 when full. */
 	uint64_t alloc(uint64_t bytes);
+	/* Returns an area; the pages wholly inside it are released. */
 	void free(uint64_t off, uint64_t bytes);
 
 	template <typename T>

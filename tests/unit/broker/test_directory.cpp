@@ -5,7 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <linux/kcmp.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -228,6 +232,59 @@ TEST_CASE("removing a client frees its numbers, segments and descriptors", "[dir
 		CHECK(s.segments == 0);
 		CHECK(s.published == 0);
 		CHECK(s.ids_handed_out == 10);
+		CHECK(open_fds() == before);
+	}
+}
+
+/* A process attaches its memory file to every object it publishes and a CQ
+ * channel to each QP of that CQ: thousands of QPs must not cost the broker
+ * a descriptor each. */
+TEST_CASE("a file attached to many objects is held once", "[directory]")
+{
+	UniqueFd memory = segment_fd();
+	UniqueFd channel_a(eventfd(0, EFD_CLOEXEC)), channel_b(eventfd(0, EFD_CLOEXEC));
+	REQUIRE((channel_a && channel_b));
+	pid_t self = getpid();
+	bool kcmp_works = syscall(SYS_kcmp, self, self, KCMP_FILE, channel_a.get(),
+				  channel_a.get()) == 0;
+	int before = open_fds();
+	{
+		Directory dir;
+		dir.add_client(1, 100);
+		dir.add_client(2, 200);
+		constexpr int objects = 300;
+		std::vector<uint32_t> ids;
+		for (int i = 0; i < objects; i++) {
+			uint32_t id;
+			REQUIRE(dir.alloc_id(1, 0, qp, &id) == 0);
+			ids.push_back(id);
+			const UniqueFd &ch = i % 2 ? channel_a : channel_b;
+			REQUIRE(dir.attach_fd(1, name(0, qp, id), 1, UniqueFd(dup(memory.get()))) == 0);
+			REQUIRE(dir.attach_fd(1, name(0, qp, id), 0, UniqueFd(dup(ch.get()))) == 0);
+		}
+		/* One memory file; the two channels are told apart (they share
+		 * an anonymous inode), each held once where kcmp(2) works. */
+		CHECK(open_fds() == before + (kcmp_works ? 3 : 1 + objects));
+		for (int i : {0, 1, objects - 1}) {
+			int fd;
+			pid_t pid;
+			REQUIRE(dir.fetch_fd(2, name(0, qp, ids[size_t(i)]), 0, &fd, &pid) == 0);
+			/* A token through the fetched descriptor reaches its channel. */
+			uint64_t one = 1, got = 0;
+			REQUIRE(write(fd, &one, sizeof(one)) == sizeof(one));
+			const UniqueFd &ch = i % 2 ? channel_a : channel_b;
+			REQUIRE(read(ch.get(), &got, sizeof(got)) == sizeof(got));
+			CHECK(got == 1);
+			REQUIRE(dir.fetch_fd(2, name(0, qp, ids[size_t(i)]), 1, &fd, &pid) == 0);
+			struct stat a, b;
+			REQUIRE((fstat(fd, &a) == 0 && fstat(memory.get(), &b) == 0));
+			CHECK(a.st_ino == b.st_ino);
+		}
+		/* Shared descriptors live as long as one object holds them. */
+		for (int i = 0; i < objects - 1; i++)
+			REQUIRE(dir.free_id(1, name(0, qp, ids[size_t(i)])) == 0);
+		CHECK(open_fds() == before + 2);
+		CHECK(dir.remove_client(1).size() == 1);
 		CHECK(open_fds() == before);
 	}
 }
