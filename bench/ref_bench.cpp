@@ -176,7 +176,7 @@ int main(int argc, char **argv)
 		}
 	}
 	const double budget = smoke ? 0.005 : 0.05;
-	emit("pingpong_halfrtt", pingpong_ns(smoke ? 0.01 : 0.3), "ns");
+	emit("pingpong_halfrtt", pingpong_ns(smoke ? 0.01 : 0.3) / 1000, "us");
 	static const size_t sizes[] = {8, 64, 512, 4096, 65536, 1 << 20, 4 << 20};
 	for (size_t size : sizes) {
 		char name[64];
