@@ -6,7 +6,7 @@
  *     pool much larger than the last-level cache for every copy);
  *   - the cross-process floor: a cache line bounced between two processes
  *     through a MAP_SHARED page (half a round trip per hop).
- * Figures are medians of short timed chunks, so time the scheduler gave to
+ * Figures are medians of short timed pieces, so time the scheduler gave to
  * other work (this machine is often shared) counts as little as possible.
  * One measurement per JSON line, the runner's shape:
  *   {"group": "ref", "name": ..., "value": ..., "unit": ...}
@@ -28,6 +28,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 namespace {
 
@@ -97,13 +101,39 @@ double memcpy_gbps(size_t size, bool cold, double budget, double *ns_per_copy)
 	return double(size) / *ns_per_copy;
 }
 
+/* Ticks of a clock cheap enough to time one round trip (the TSC on x86,
+ * calibrated against CLOCK_MONOTONIC), and nanoseconds per tick. */
+#if defined(__x86_64__) || defined(__i386__)
+uint64_t ticks()
+{
+	return __rdtsc();
+}
+#else
+uint64_t ticks()
+{
+	return uint64_t(now_s() * 1e9);
+}
+#endif
+
+double ns_per_tick()
+{
+	double t0 = now_s();
+	uint64_t k0 = ticks();
+	while (now_s() - t0 < 0.01) {
+	}
+	double t1 = now_s();
+	uint64_t k1 = ticks();
+	return (t1 - t0) * 1e9 / double(k1 - k0);
+}
+
 /*
  * Two processes take turns on one cache line: the parent writes an odd
  * number, the child answers with the next even one. Each hop moves the line
  * once; the figure is the time per hop (half a round trip), the least any
- * cross-process shared-memory message can cost. Timed in batches of 16 round
- * trips, median batch: a batch during which the scheduler ran something else
- * on one of the two CPUs does not count.
+ * cross-process shared-memory message can cost. Every round trip is timed on
+ * its own and the median taken (as perftest's t_typical): a round trip during
+ * which the scheduler ran something else on one of the two CPUs does not
+ * move it.
  */
 double pingpong_ns(double budget)
 {
@@ -114,6 +144,7 @@ double pingpong_ns(double budget)
 	auto *stop = word + 8; /* another cache line */
 	word->store(0);
 	stop->store(0);
+	const double tick_ns = ns_per_tick();
 	pid_t child = fork();
 	if (child < 0)
 		return -1;
@@ -129,15 +160,15 @@ double pingpong_ns(double budget)
 			}
 		}
 	}
-	const int batch = 16;
 	std::vector<double> per_hop;
+	per_hop.reserve(1 << 20);
 	uint64_t rounds = 0;
 	bool failed = false;
-	double t0 = now_s(), t = t0;
-	do {
-		double b0 = now_s();
-		for (int i = 0; i < batch && !failed; i++) {
+	double t0 = now_s();
+	while (!failed && per_hop.size() < (1u << 20) && now_s() - t0 < budget) {
+		for (int i = 0; i < 64 && !failed; i++) {
 			uint64_t mine = 2 * rounds + 1;
+			uint64_t k0 = ticks();
 			word->store(mine, std::memory_order_release);
 			/* Bounded: the child may be descheduled for a while, never forever. */
 			unsigned spins = 0;
@@ -150,11 +181,10 @@ double pingpong_ns(double budget)
 					}
 				}
 			}
+			per_hop.push_back(double(ticks() - k0) * tick_ns / 2);
 			rounds++;
 		}
-		t = now_s();
-		per_hop.push_back((t - b0) * 1e9 / (2 * batch));
-	} while (t - t0 < budget && !failed);
+	}
 	stop->store(1);
 	if (failed)
 		kill(child, SIGKILL);
@@ -177,7 +207,7 @@ int main(int argc, char **argv)
 	}
 	const double budget = smoke ? 0.005 : 0.05;
 	emit("pingpong_halfrtt", pingpong_ns(smoke ? 0.01 : 0.3) / 1000, "us");
-	static const size_t sizes[] = {8, 64, 512, 4096, 65536, 1 << 20, 4 << 20};
+	static const size_t sizes[] = {8, 64, 256, 512, 4096, 65536, 1 << 20, 4 << 20};
 	for (size_t size : sizes) {
 		char name[64];
 		for (int cold = 0; cold < 2; cold++) {

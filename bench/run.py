@@ -205,7 +205,7 @@ def ucx_iters(test, size, smoke):
         return 100
     if test.endswith("_lat"):
         return 2000 if size <= 4 * KiB else 500
-    return max(256, min(200000, (512 * MiB) // size))
+    return max(100, min(200000, (256 * MiB) // size))
 
 
 def case_ucx(env, test, size):
