@@ -46,6 +46,7 @@
 namespace {
 
 bool smoke = false;
+volatile uint64_t sink; /* what the drains read goes here, so it is read */
 
 double now_ns()
 {
@@ -526,8 +527,7 @@ double drain_poll_cq(struct ibv_cq *cq, int n)
 		return got;
 	}, n);
 	double t = now_ns() - t0;
-	if (sum == 1)
-		std::fputs("", stderr);
+	sink = sum;
 	return t;
 }
 
@@ -558,8 +558,7 @@ double drain_cq_ex(struct ibv_cq_ex *cq, int n)
 		ibv_end_poll(cq);
 	}
 	double t = now_ns() - t0;
-	if (sum == 1)
-		std::fputs("", stderr);
+	sink = sum;
 	return t;
 }
 

@@ -483,7 +483,7 @@ def fmt(v):
 def markdown(info, agg, rows, failures, opts, elapsed, expected_missing):
     out = []
     out.append(f"# shmverbs benchmarks ({'smoke' if opts.smoke else 'full'} run)\n")
-    out.append(f"{info['date']}; {opts.reps} repetition(s), interleaved (repetitions outside, "
+    out.append(f"{info['date']}; {info['reps_done']} of {opts.reps} repetition(s), interleaved (repetitions outside, "
                f"cases inside); {elapsed:.0f} s in all.\n")
     if info.get("note"):
         out.append(f"**{info['note']}.**\n")
@@ -649,6 +649,7 @@ def main():
         print(f"SKIP: not installed: {' '.join(missing_tools)}")
         return 77
     info = machine_info()
+    info["reps_done"] = 0
     info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cases, sizes = build_cases(env)
     log(f"{len(cases)} cases x {opts.reps} repetitions; results in {outdir}")
@@ -663,6 +664,7 @@ def main():
                 break
             if info.get("note"):
                 break
+            info["reps_done"] = rep
             for i, (group, label, fn) in enumerate(cases, 1):
                 if opts.budget and time.monotonic() - t_start > 1.5 * opts.budget:
                     info["note"] = (f"stopped in repetition {rep} of {opts.reps} at case {i}: "
