@@ -250,7 +250,7 @@ def case_fabric(env, size, no_cma=False):
     raise CaseError("no result line in fi_pingpong output:\n" + out[-1500:])
 
 
-def case_json_binary(env, binary, group):
+def case_json_binary(env, binary):
     path = os.path.join(env.build, "bench", binary)
     if not os.path.exists(path):
         raise CaseError(f"{path} is not built")
@@ -312,9 +312,9 @@ def build_cases(env):
     for size in (8, MiB):
         add("fallback", f"fi_pingpong {size_label(size)} FI_SHM_DISABLE_CMA=1",
             lambda s=size: case_fabric(env, s, no_cma=True))
-    add("ref", "ref-bench (memcpy, ping-pong)", lambda: case_json_binary(env, "ref-bench", "ref"))
+    add("ref", "ref-bench (memcpy, ping-pong)", lambda: case_json_binary(env, "ref-bench"))
     add("queue", "queue-bench (post/poll vs ring)",
-        lambda: case_json_binary(env, "queue-bench", "queue"))
+        lambda: case_json_binary(env, "queue-bench"))
     return cases, dict(lat=lat_sizes, bw=bw_sizes, fi=fi_sizes)
 
 
