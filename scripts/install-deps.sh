@@ -11,6 +11,8 @@ packages=(
 	ibverbs-utils perftest python3 python3-pyverbs
 	# tools the tests use
 	binutils procps
+	# the benchmarks' references and plots (scripts/bench.sh)
+	ucx-utils libfabric-bin gnuplot-nox
 )
 
 missing=()
