@@ -94,7 +94,11 @@ TEST_CASE("thousands of idle QPs cost the progress thread nothing while one wait
 	double cpu = cpu_seconds() - c0;
 	double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 	INFO("progress thread: " << cpu * 1e3 << " ms of CPU in " << wall * 1e3 << " ms");
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+	WARN("sanitizer build: instrumented code, the CPU figure is not checked");
+#else
 	CHECK(cpu < 0.10 * wall);
+#endif
 
 	/* The waiting WR is still retried: a receive lets it through. */
 	struct ibv_wc wc{};
