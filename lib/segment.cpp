@@ -36,7 +36,8 @@ struct PeerCache {
 	std::mutex lock;
 	std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerSegment>> segments;
 	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, PeerObject> objects;
-	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, int> channel_fds;
+	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, std::shared_ptr<const ChannelFd::Owned>>
+		channel_fds;
 };
 
 PeerCache &peers()
@@ -52,12 +53,25 @@ void on_broker_event(const BrokerEvent &e)
 	forget_peer_memory(e.pid);
 	PeerCache &pc = peers();
 	std::lock_guard guard(pc.lock);
-	for (auto &[key, seg] : pc.segments)
-		if (seg->pid == e.pid)
-			seg->gone.store(true, std::memory_order_release);
+	/* Its segments leave the cache: each is unmapped and its fds closed
+	 * once no operation holds it any more (~PeerSegment), so a process
+	 * talking to many short-lived peers keeps nothing of theirs. */
+	for (auto it = pc.segments.begin(); it != pc.segments.end();) {
+		if (!it->second || it->second->pid == e.pid) {
+			if (it->second)
+				it->second->gone.store(true, std::memory_order_release);
+			it = pc.segments.erase(it);
+		} else {
+			++it;
+		}
+	}
 	/* Numbers of the departed process may be reused: forget them. */
 	for (auto it = pc.objects.begin(); it != pc.objects.end();)
 		it = it->second.seg->pid == e.pid ? pc.objects.erase(it) : std::next(it);
+	/* Its channel eventfds: closed when the last ChannelFd goes. */
+	for (auto it = pc.channel_fds.begin(); it != pc.channel_fds.end();)
+		it = it->second && it->second->owner == e.pid ? pc.channel_fds.erase(it)
+							      : std::next(it);
 }
 
 /*
@@ -260,6 +274,35 @@ int Segment::lock_fd()
 
 /* ---- Peers ---- */
 
+PeerSegment::~PeerSegment()
+{
+	if (local)
+		return; /* our own segment's mapping and fds */
+	if (base)
+		munmap(base, size);
+	if (fd >= 0)
+		::close(fd);
+	if (lock_fd >= 0)
+		::close(lock_fd);
+}
+
+ChannelFd::Owned::~Owned()
+{
+	if (fd >= 0)
+		::close(fd);
+}
+
+size_t peer_cache_fds()
+{
+	std::lock_guard guard(peers().lock);
+	size_t n = 0;
+	for (auto &[key, seg] : peers().segments)
+		n += seg && !seg->local ? (seg->fd >= 0) + (seg->lock_fd >= 0) : 0;
+	for (auto &[key, fd] : peers().channel_fds)
+		n += fd && fd->fd >= 0;
+	return n;
+}
+
 bool PeerSegment::alive() const
 {
 	if (local)
@@ -328,7 +371,7 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 			std::snprintf(path, sizeof(path), "/proc/self/fd/%d", r.fd);
 			s->lock_fd = ::open(path, O_RDWR | O_CLOEXEC);
 		}
-		/* A replaced (gone) mapping stays mapped: threads may hold it. */
+		/* A replaced (gone) mapping stays mapped while threads hold it. */
 		seg = s;
 	} else {
 		::close(r.fd);
@@ -346,31 +389,28 @@ void forget_object(uint32_t device, broker::ObjectKind kind, uint32_t id)
 {
 	std::lock_guard guard(peers().lock);
 	peers().objects.erase(std::make_tuple(device, uint8_t(kind), id));
-	auto it = peers().channel_fds.find(std::make_tuple(device, uint8_t(kind), id));
-	if (it != peers().channel_fds.end()) {
-		if (it->second >= 0)
-			::close(it->second);
-		peers().channel_fds.erase(it);
-	}
+	/* A user in another thread keeps its ChannelFd (and the fd) open. */
+	peers().channel_fds.erase(std::make_tuple(device, uint8_t(kind), id));
 }
 
-int fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id)
+ChannelFd fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id)
 {
 	auto key = std::make_tuple(device, uint8_t(kind), id);
 	{
 		std::lock_guard guard(peers().lock);
 		auto it = peers().channel_fds.find(key);
 		if (it != peers().channel_fds.end())
-			return it->second;
+			return ChannelFd(it->second);
 	}
 	int fd = -1;
-	if (BrokerClient::instance().fetch_fd({device, kind, id}, 0, &fd) != 0)
+	pid_t owner = 0;
+	if (BrokerClient::instance().fetch_fd({device, kind, id}, 0, &fd, &owner) != 0)
 		fd = -1;
+	auto owned = std::make_shared<const ChannelFd::Owned>(fd, owner);
 	std::lock_guard guard(peers().lock);
-	auto [it, inserted] = peers().channel_fds.emplace(key, fd);
-	if (!inserted && fd >= 0)
-		::close(fd);
-	return it->second;
+	/* Another thread may have cached one meanwhile: ours then closes. */
+	auto [it, inserted] = peers().channel_fds.emplace(key, std::move(owned));
+	return ChannelFd(it->second);
 }
 
 } // namespace shmverbs
