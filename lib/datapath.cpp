@@ -62,15 +62,9 @@ KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
 	auto *slots = off ? seg.at<KeySlot>(off, sizeof(KeySlot) * key_chunk_slots) : nullptr;
 	if (!slots)
 		return {};
-	KeySlot *s = &slots[index & (key_chunk_slots - 1)];
-	/* The same protocol as KeyTable::acquire (seq_cst Dekker with
-	 * unpublish). */
-	s->readers.fetch_add(1, std::memory_order_seq_cst);
-	if (s->key.load(std::memory_order_seq_cst) != key) {
-		s->readers.fetch_sub(1, std::memory_order_release);
-		return {};
-	}
-	return KeyRef(s);
+	/* Held in our name (lib/mr.h KeySlot), so that the owner's dereg_mr
+	 * does not wait for us if we die holding it. */
+	return acquire_remote_key(slots[index & (key_chunk_slots - 1)], key);
 }
 
 /* Local SGEs checked against our key table; iovecs of our memory. */

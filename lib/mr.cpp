@@ -3,9 +3,18 @@
 #include "mr_memory.h"
 #include "segment.h"
 #include "device.h"
+#include "log.h"
 
+#include <dirent.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
 
 #include <cstdint>
 #include <map>
@@ -29,6 +38,7 @@ KeyRef &KeyRef::operator=(KeyRef &&other) noexcept
 	if (this != &other) {
 		release();
 		slot_ = other.slot_;
+		holder_ = other.holder_;
 		other.slot_ = nullptr;
 	}
 	return *this;
@@ -38,10 +48,52 @@ void KeyRef::release()
 {
 	if (!slot_)
 		return;
-	/* Pairs with the load in KeyTable::unpublish(): our reads of the entry
-	 * happen before the writer's next update of it. */
-	slot_->readers.fetch_sub(1, std::memory_order_release);
+	/* Each decrement pairs with the loads in KeyTable::unpublish(): our
+	 * reads of the entry happen before the writer's next update of it. */
+	if (holder_ == holder_local) {
+		slot_->readers.fetch_sub(1, std::memory_order_release);
+	} else if (holder_ == holder_anonymous) {
+		slot_->anonymous.fetch_sub(1, std::memory_order_release);
+	} else {
+		std::atomic<uint64_t> &h = slot_->holders[holder_];
+		uint64_t left = h.fetch_sub(1, std::memory_order_release) - 1;
+		/* Our last hold in the entry: free it for other processes
+		 * (another thread of ours may have counted in since: then the
+		 * CAS fails and the entry stays ours). */
+		if (key_holder_count(left) == 0)
+			h.compare_exchange_strong(left, 0, std::memory_order_relaxed);
+	}
 	slot_ = nullptr;
+}
+
+KeyRef acquire_remote_key(KeySlot &s, uint32_t key)
+{
+	const uint64_t pid = uint32_t(getpid());
+	int8_t holder = KeyRef::holder_anonymous;
+	/* Count ourselves in: our own entry if we have one, else a free one.
+	 * While we live only our own threads change an entry with our pid, so
+	 * a failed CAS on it just means "again". seq_cst: the Dekker pair with
+	 * unpublish() (our count, then the key). */
+	for (unsigned i = 0; i < key_holder_entries && holder == KeyRef::holder_anonymous; i++) {
+		uint64_t v = s.holders[i].load(std::memory_order_relaxed);
+		while (v && key_holder_pid(v) == pid) {
+			if (s.holders[i].compare_exchange_weak(v, v + 1, std::memory_order_seq_cst)) {
+				holder = int8_t(i);
+				break;
+			}
+		}
+	}
+	for (unsigned i = 0; i < key_holder_entries && holder == KeyRef::holder_anonymous; i++) {
+		uint64_t v = 0;
+		if (s.holders[i].compare_exchange_strong(v, pid << 32 | 1, std::memory_order_seq_cst))
+			holder = int8_t(i);
+	}
+	if (holder == KeyRef::holder_anonymous)
+		s.anonymous.fetch_add(1, std::memory_order_seq_cst);
+	KeyRef ref(&s, holder);
+	if (s.key.load(std::memory_order_seq_cst) != key)
+		return {}; /* ref's destructor takes the count back */
+	return ref;
 }
 
 bool KeyRef::permits(uint64_t iova, uint64_t length, uint32_t access) const
@@ -172,18 +224,110 @@ uint32_t KeyTable::publish(uint32_t index, const KeyEntry &entry, uint8_t varian
 	return key;
 }
 
+namespace {
+
+/* A process that can no longer touch anything: gone, or a zombie whose
+ * threads have all exited (a killed child its parent has not reaped yet).
+ * A zombie group leader with live threads is alive: /proc/<pid>/task then
+ * lists them too. */
+bool holder_gone(pid_t pid)
+{
+	if (pid <= 0)
+		return false;
+	if (::kill(pid, 0) != 0)
+		return errno == ESRCH;
+	char path[64];
+	std::snprintf(path, sizeof(path), "/proc/%d/stat", int(pid));
+	FILE *f = std::fopen(path, "re");
+	if (!f)
+		return errno == ENOENT;
+	char buf[512];
+	size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+	std::fclose(f);
+	buf[n] = 0;
+	/* "pid (comm) S ...": comm may hold anything, the state follows the
+	 * last ')'. */
+	const char *paren = std::strrchr(buf, ')');
+	if (!paren || paren[1] != ' ' || (paren[2] != 'Z' && paren[2] != 'X'))
+		return false;
+	std::snprintf(path, sizeof(path), "/proc/%d/task", int(pid));
+	DIR *d = opendir(path);
+	if (!d)
+		return true;
+	unsigned tasks = 0;
+	while (struct dirent *e = readdir(d))
+		tasks += e->d_name[0] != '.';
+	closedir(d);
+	return tasks <= 1;
+}
+
+/* Clears the holder entries of processes that died holding the slot;
+ * true when live holds remain in them. */
+bool live_remote_holders(KeySlot &s, uint32_t key_was)
+{
+	bool live = false;
+	for (std::atomic<uint64_t> &h : s.holders) {
+		uint64_t v = h.load(std::memory_order_seq_cst);
+		if (!v)
+			continue;
+		pid_t pid = pid_t(key_holder_pid(v));
+		if (!holder_gone(pid)) {
+			live = live || key_holder_count(v) != 0;
+			continue;
+		}
+		/* Nobody else writes a dead pid's entry: the CAS only fails if
+		 * the pid was reused by a live process already counted in. (A
+		 * count of 0: it died between its last release and freeing the
+		 * entry, which is freed for others all the same.) */
+		if (h.compare_exchange_strong(v, 0, std::memory_order_seq_cst)) {
+			if (key_holder_count(v))
+				log_debug("key 0x%x: released %u hold(s) of process %d, which died holding it",
+					  key_was, key_holder_count(v), int(pid));
+		} else {
+			live = true;
+		}
+	}
+	return live;
+}
+
+} // namespace
+
 void KeyTable::unpublish(uint32_t index)
 {
 	KeySlot &s = *slot(index);
-	/* Dekker-style with acquire(): we store the key then load the reader
-	 * count, a reader increments the count then loads the key (all
-	 * seq_cst), so either we see its count or it sees the key withdrawn. */
+	const uint32_t key_was = s.key.load(std::memory_order_relaxed);
+	/* Dekker-style with acquire() and acquire_remote_key(): we store the
+	 * key then load the counts, a reader increments a count then loads the
+	 * key (all seq_cst), so either we see its count or it sees the key
+	 * withdrawn. */
 	s.key.store(0, std::memory_order_seq_cst);
-	for (unsigned spins = 0; s.readers.load(std::memory_order_seq_cst) != 0; spins++) {
+	const auto started = std::chrono::steady_clock::now();
+	for (unsigned spins = 0;; spins++) {
+		bool local = s.readers.load(std::memory_order_seq_cst) != 0;
+		/* Liveness checks cost system calls: after a short spin, and
+		 * then on every 16th round only. */
+		bool remote = spins >= 100 && spins % 16 == 0
+			? live_remote_holders(s, key_was)
+			: std::any_of(std::begin(s.holders), std::end(s.holders),
+				      [](const std::atomic<uint64_t> &h) {
+					      return key_holder_count(h.load(std::memory_order_seq_cst)) != 0;
+				      });
+		bool anonymous = s.anonymous.load(std::memory_order_seq_cst) != 0;
+		if (!local && !remote && !anonymous)
+			return;
+		if (!local && !remote && std::chrono::steady_clock::now() - started >
+						 std::chrono::seconds(2)) {
+			/* More processes held the key at once than there are
+			 * holder entries, and one of them has not let go for 2 s:
+			 * most likely dead (as destroy_qp's in-flight wait). */
+			log_error("key 0x%x: deregistered while %u unattributed remote hold(s) remain",
+				  key_was, s.anonymous.load());
+			return;
+		}
 		if (spins < 1000)
 			std::this_thread::yield();
 		else
-			std::this_thread::sleep_for(std::chrono::microseconds(50));
+			std::this_thread::sleep_for(std::chrono::microseconds(spins < 2000 ? 50 : 1000));
 	}
 }
 

@@ -77,22 +77,51 @@ struct KeyEntry {
 	uint64_t addr;       /* owner's virtual address of iova */
 };
 
+/*
+ * Holds of other processes are attributed: a holder entry is
+ * `pid << 32 | count`, 0 when free. An initiator counts itself into the
+ * entry with its pid (or claims a free one) before it checks the key, so
+ * when the owner withdraws a key and a holder dies before releasing it,
+ * unpublish() sees whose hold it was, finds that process gone and clears
+ * the entry: a dead peer never makes ibv_dereg_mr wait. Holds beyond the
+ * entries (more processes on one key at once) go to `anonymous`, which
+ * unpublish() waits for with a bound, as destroy_qp does for in-flight
+ * senders.
+ */
+constexpr unsigned key_holder_entries = 6;
+constexpr uint64_t key_holder_pid(uint64_t entry) { return entry >> 32; }
+constexpr uint32_t key_holder_count(uint64_t entry) { return uint32_t(entry); }
+
 struct KeySlot {
 	/* The live key, or 0 while the slot is not published (index 0 is never
 	 * handed out, so 0 never names a live key). */
 	std::atomic<uint32_t> key{0};
-	/* KeyRefs currently held on this slot. */
+	/* KeyRefs currently held on this slot by threads of the owner. */
 	std::atomic<uint32_t> readers{0};
 	uint8_t variant = 0; /* of the last key published here; guarded by the table lock */
 	KeyEntry entry{};    /* written only while unpublished and unread */
+	/* KeyRefs held by other processes (acquire_remote()), by pid. */
+	std::atomic<uint64_t> holders[key_holder_entries]{};
+	std::atomic<uint32_t> anonymous{0};
 };
+
+class KeyRef;
+/* A key of another process's table (a slot in its segment): held like
+ * KeyTable::acquire(), and attributed to this process (see KeySlot), so
+ * that the owner's dereg_mr is not held up if we die meanwhile. */
+KeyRef acquire_remote_key(KeySlot &slot, uint32_t key);
 
 /* A held key: the entry stays as it is until the KeyRef is released. */
 class KeyRef {
 public:
 	KeyRef() = default;
 	explicit KeyRef(KeySlot *slot) : slot_(slot) {}
-	KeyRef(KeyRef &&other) noexcept : slot_(other.slot_) { other.slot_ = nullptr; }
+	/* `holder`: which count of the slot this hold is in (below). */
+	KeyRef(KeySlot *slot, int8_t holder) : slot_(slot), holder_(holder) {}
+	KeyRef(KeyRef &&other) noexcept : slot_(other.slot_), holder_(other.holder_)
+	{
+		other.slot_ = nullptr;
+	}
 	KeyRef &operator=(KeyRef &&other) noexcept;
 	KeyRef(const KeyRef &) = delete;
 	KeyRef &operator=(const KeyRef &) = delete;
@@ -111,8 +140,14 @@ public:
 
 	void release();
 
+	/* The count a hold is in: the owner's readers, a holder entry
+	 * (0..key_holder_entries-1) or the anonymous count. */
+	static constexpr int8_t holder_local = -1;
+	static constexpr int8_t holder_anonymous = int8_t(key_holder_entries);
+
 private:
 	KeySlot *slot_ = nullptr;
+	int8_t holder_ = holder_local;
 };
 
 /*
@@ -144,7 +179,9 @@ public:
 	/* Publishes an entry in a reserved, unpublished slot under the key
 	 * make_key(index, variant) and returns that key. */
 	uint32_t publish(uint32_t index, const KeyEntry &entry, uint8_t variant);
-	/* Withdraws the slot's key and returns once no KeyRef on it remains. */
+	/* Withdraws the slot's key and returns once no KeyRef on it remains,
+	 * except holds of processes that died holding it (released here) and,
+	 * after 2 s, unattributed remote holds (logged). */
 	void unpublish(uint32_t index);
 	/* Gives an unpublished slot of that kind back. Indices are reused only
 	 * after a delay, and with another variant, so stale keys keep failing. */

@@ -86,7 +86,10 @@ public:
 		a.max_res_rd_atom = 1 << 22;
 		a.max_qp_init_rd_atom = 16;
 		a.atomic_cap = IBV_ATOMIC_HCA;
-		a.max_mw = 1 << 24;
+		/* A ConnectX-5 has 2^24 windows, but binding one is not
+		 * implemented here: a device that cannot bind has none to offer
+		 * (and no IBV_DEVICE_MEM_WINDOW* flag), docs/verbs.md. */
+		a.max_mw = 0;
 		a.max_mcast_grp = 1 << 21;
 		a.max_mcast_qp_attach = 240;
 		a.max_total_mcast_qp_attach = 240 << 21;
@@ -303,7 +306,7 @@ public:
 		a.max_res_rd_atom = 0x3f000;
 		a.max_qp_init_rd_atom = 128;
 		a.atomic_cap = IBV_ATOMIC_HCA;
-		a.max_mw = 0x10000;
+		a.max_mw = 0; /* rxe has 0x10000; binding is not implemented (see mlx5) */
 		a.max_mcast_grp = 8192;
 		a.max_mcast_qp_attach = 56;
 		a.max_total_mcast_qp_attach = 0x70000;

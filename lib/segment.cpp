@@ -38,25 +38,19 @@ std::atomic<int> process_fds[broker::fd_slots] = {-1, -1, -1, -1};
  * thread use it until the process ends, after static destructors ran: it
  * is allocated once and never destroyed.
  */
-/* A peer's CQ channel eventfd as we hold it: one descriptor per channel,
- * shared by all the peer's objects attached to it (a CQ serves thousands of
- * QPs; a descriptor per QP would exhaust RLIMIT_NOFILE). */
-struct ChannelFd {
-	explicit ChannelFd(int f) : fd(f) {}
-	ChannelFd(const ChannelFd &) = delete;
-	ChannelFd &operator=(const ChannelFd &) = delete;
-	~ChannelFd() { ::close(fd); }
-	const int fd;
-};
-
 struct PeerCache {
 	std::mutex lock;
 	std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerSegment>> segments;
 	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, PeerObject> objects;
-	/* By object; null: the object has no channel. */
-	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, std::shared_ptr<ChannelFd>> channel_fds;
-	/* By (owner pid, broker generation, the broker's file identity). */
-	std::map<std::tuple<pid_t, uint64_t, uint64_t>, std::weak_ptr<ChannelFd>> channel_files;
+	/* A peer's CQ channel eventfds by object (null: the object has no
+	 * channel), and by (owner pid, broker generation, the broker's file
+	 * identity): one descriptor per channel, shared by all the owner's
+	 * objects attached to it (a CQ serves thousands of QPs; a descriptor
+	 * per QP would exhaust RLIMIT_NOFILE). */
+	std::map<std::tuple<uint32_t, uint8_t, uint32_t>, std::shared_ptr<const ChannelFd::Owned>>
+		channel_fds;
+	std::map<std::tuple<pid_t, uint64_t, uint64_t>, std::weak_ptr<const ChannelFd::Owned>>
+		channel_files;
 };
 
 PeerCache &peers()
@@ -72,12 +66,25 @@ void on_broker_event(const BrokerEvent &e)
 	forget_peer_memory(e.pid);
 	PeerCache &pc = peers();
 	std::lock_guard guard(pc.lock);
-	for (auto &[key, seg] : pc.segments)
-		if (seg->pid == e.pid)
-			seg->gone.store(true, std::memory_order_release);
+	/* Its segments leave the cache: each is unmapped and its fds closed
+	 * once no operation holds it any more (~PeerSegment), so a process
+	 * talking to many short-lived peers keeps nothing of theirs. */
+	for (auto it = pc.segments.begin(); it != pc.segments.end();) {
+		if (!it->second || it->second->pid == e.pid) {
+			if (it->second)
+				it->second->gone.store(true, std::memory_order_release);
+			it = pc.segments.erase(it);
+		} else {
+			++it;
+		}
+	}
 	/* Numbers of the departed process may be reused: forget them. */
 	for (auto it = pc.objects.begin(); it != pc.objects.end();)
 		it = it->second.seg->pid == e.pid ? pc.objects.erase(it) : std::next(it);
+	/* Its channel eventfds: closed when the last ChannelFd goes. */
+	for (auto it = pc.channel_fds.begin(); it != pc.channel_fds.end();)
+		it = it->second && it->second->owner == e.pid ? pc.channel_fds.erase(it)
+							      : std::next(it);
 	for (auto it = pc.channel_files.begin(); it != pc.channel_files.end();)
 		it = std::get<0>(it->first) == e.pid ? pc.channel_files.erase(it) : std::next(it);
 }
@@ -328,6 +335,38 @@ int Segment::lock_fd()
 
 /* ---- Peers ---- */
 
+PeerSegment::~PeerSegment()
+{
+	if (local)
+		return; /* our own segment's mapping and fds */
+	if (base)
+		munmap(base, size);
+	if (fd >= 0)
+		::close(fd);
+	if (lock_fd >= 0)
+		::close(lock_fd);
+}
+
+ChannelFd::Owned::~Owned()
+{
+	if (fd >= 0)
+		::close(fd);
+}
+
+size_t peer_cache_fds()
+{
+	std::lock_guard guard(peers().lock);
+	size_t n = 0;
+	for (auto &[key, seg] : peers().segments)
+		n += seg && !seg->local ? (seg->fd >= 0) + (seg->lock_fd >= 0) : 0;
+	/* A channel shared by several objects is one descriptor. */
+	std::set<const ChannelFd::Owned *> channels;
+	for (auto &[key, fd] : peers().channel_fds)
+		if (fd && fd->fd >= 0)
+			channels.insert(fd.get());
+	return n + channels.size();
+}
+
 bool PeerSegment::alive() const
 {
 	if (local)
@@ -400,7 +439,7 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
 			std::snprintf(path, sizeof(path), "/proc/self/fd/%d", r.fd);
 			s->lock_fd = ::open(path, O_RDWR | O_CLOEXEC);
 		}
-		/* A replaced (gone) mapping stays mapped: threads may hold it. */
+		/* A replaced (gone) mapping stays mapped while threads hold it. */
 		seg = s;
 	} else {
 		::close(r.fd);
@@ -418,10 +457,11 @@ void forget_object(uint32_t device, broker::ObjectKind kind, uint32_t id)
 {
 	std::lock_guard guard(peers().lock);
 	peers().objects.erase(std::make_tuple(device, uint8_t(kind), id));
+	/* A user in another thread keeps its ChannelFd (and the fd) open. */
 	peers().channel_fds.erase(std::make_tuple(device, uint8_t(kind), id));
 }
 
-int fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id)
+ChannelFd fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id)
 {
 	auto key = std::make_tuple(device, uint8_t(kind), id);
 	PeerCache &pc = peers();
@@ -429,27 +469,28 @@ int fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id)
 		std::lock_guard guard(pc.lock);
 		auto it = pc.channel_fds.find(key);
 		if (it != pc.channel_fds.end())
-			return it->second ? it->second->fd : -1;
+			return ChannelFd(it->second);
 	}
 	int fd = -1;
 	pid_t owner = 0;
 	uint64_t file = 0;
 	uint64_t generation = BrokerClient::instance().generation();
-	std::shared_ptr<ChannelFd> got;
+	std::shared_ptr<const ChannelFd::Owned> got;
 	if (BrokerClient::instance().fetch_fd({device, kind, id}, 0, &fd, &owner, &file) == 0)
-		got = std::make_shared<ChannelFd>(fd);
+		got = std::make_shared<const ChannelFd::Owned>(fd, owner);
 	std::lock_guard guard(pc.lock);
 	if (got && file) {
 		/* Another object of the owner's already brought this channel:
 		 * keep that descriptor (ours closes as `got` goes). */
-		std::weak_ptr<ChannelFd> &known = pc.channel_files[{owner, generation, file}];
+		auto &known = pc.channel_files[{owner, generation, file}];
 		if (auto held = known.lock())
 			got = held;
 		else
 			known = got;
 	}
-	auto [it, inserted] = pc.channel_fds.emplace(key, got);
-	return it->second ? it->second->fd : -1;
+	/* Another thread may have cached one meanwhile: ours then closes. */
+	auto [it, inserted] = pc.channel_fds.emplace(key, std::move(got));
+	return ChannelFd(it->second);
 }
 
 } // namespace shmverbs

@@ -96,8 +96,15 @@ private:
 	int lock_fd_ = -1;
 };
 
-/* A peer's segment as this process maps it. */
+/* A peer's segment as this process maps it. Unmapped, and its fds closed,
+ * when the last reference goes: the peer cache drops its own on PeerGone,
+ * an operation in progress keeps the mapping until it ends. */
 struct PeerSegment {
+	PeerSegment() = default;
+	~PeerSegment();
+	PeerSegment(const PeerSegment &) = delete;
+	PeerSegment &operator=(const PeerSegment &) = delete;
+
 	pid_t pid = 0;
 	uint64_t handle = 0;       /* broker's segment handle */
 	char *base = nullptr;
@@ -146,9 +153,40 @@ struct PeerObject {
 int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerObject &out,
 		   bool refresh = false);
 
+/*
+ * A peer's completion-channel eventfd as the cache holds it. It converts to
+ * the descriptor number (-1: none), and the descriptor stays open while any
+ * ChannelFd of it lives: the cache closes its copy when the owner is gone
+ * (PeerGone) or the object is forgotten, so use the returned value within
+ * the expression that fetched it, e.g.
+ *   cq_ring_produce(ring, cap, c, has_channel ? fetch_channel_fd(...) : -1);
+ * where the temporary outlives the call.
+ */
+class ChannelFd {
+public:
+	struct Owned {
+		Owned(int fd_, pid_t owner_) : fd(fd_), owner(owner_) {}
+		~Owned();
+		Owned(const Owned &) = delete;
+		Owned &operator=(const Owned &) = delete;
+		const int fd;
+		const pid_t owner; /* the process that attached it */
+	};
+	ChannelFd() = default;
+	explicit ChannelFd(std::shared_ptr<const Owned> fd) : fd_(std::move(fd)) {}
+	operator int() const { return fd_ ? fd_->fd : -1; }
+
+private:
+	std::shared_ptr<const Owned> fd_;
+};
+
 /* The eventfd attached to (device, kind, id) slot 0 (a CQ channel), fetched
- * once and cached; -1 when none. */
-int fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id);
+ * once and cached until its owner is gone; -1 when none. */
+ChannelFd fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id);
+
+/* Descriptors the peer cache holds open (peer segments, their lock files,
+ * channel eventfds): tests count them. */
+size_t peer_cache_fds();
 
 /* Drops cached resolutions of an object (its owner destroyed it). */
 void forget_object(uint32_t device, broker::ObjectKind kind, uint32_t id);

@@ -14,7 +14,10 @@
  *
  * Not offered: ibv_reg_dmabuf_mr (EOPNOTSUPP: there is no device memory to
  * import from), ibv_advise_mr (EOPNOTSUPP: mlx5 needs ODP for it),
- * ibv_bind_mw (EOPNOTSUPP until the data path exists; see lib/mr.h).
+ * memory windows: binding one is not implemented, so, like a device
+ * without them, the device reports max_mw 0 and no IBV_DEVICE_MEM_WINDOW*
+ * flag, and alloc_mw, dealloc_mw and bind_mw keep their EOPNOTSUPP
+ * defaults (ops.cpp; docs/verbs.md).
  */
 #include "abi.h"
 #include "abi_enum.h"
@@ -32,26 +35,6 @@ using namespace shmverbs;
 using namespace shmverbs::abi;
 
 namespace {
-
-struct ibv_mw *ctx_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
-{
-	Context *c = pd ? to_context(pd->context) : nullptr;
-	if (!c)
-		return fail_ptr<struct ibv_mw>(EINVAL);
-	return guard_ptr([&]() -> struct ibv_mw * {
-		Result<Mw> mw = alloc_mw(*c, *Pd::from(pd), abi_enum_value(type));
-		if (mw)
-			mw->ibv.pd = pd;
-		return to_ptr(mw);
-	});
-}
-
-int ctx_dealloc_mw(struct ibv_mw *mw)
-{
-	if (!mw || !to_context(mw->context))
-		return EINVAL;
-	return guard_int([&] { return dealloc_mw(*Mw::from(mw)); });
-}
 
 struct ibv_mr *ctx_alloc_null_mr(struct ibv_pd *pd)
 {
@@ -124,8 +107,6 @@ namespace shmverbs::abi {
 
 void install_pd_ops(struct verbs_context &v)
 {
-	v.context.ops.alloc_mw = ctx_alloc_mw;
-	v.context.ops.dealloc_mw = ctx_dealloc_mw;
 	v.alloc_null_mr = ctx_alloc_null_mr;
 	v.alloc_td = ctx_alloc_td;
 	v.dealloc_td = ctx_dealloc_td;

@@ -6,7 +6,9 @@ their QP information over TCP on 127.0.0.1, each bounded in time.
   pair.py MODE DROPIN_DIR PRELOAD_LIB BROKER PROGRAM [ARGS...]
 
 The server runs `PROGRAM -p PORT ARGS`, the client the same plus 127.0.0.1.
-Both must exit 0. Each pair gets its own broker runtime directory, so pairs
+Both must exit 0, and neither may print a sanitizer report: UBSan's
+"runtime error:" is recoverable and leaves the exit status alone, and TSan
+only changes it at exit, so exit codes alone would let them pass. Each pair gets its own broker runtime directory, so pairs
 can run in parallel without seeing each other.
 """
 import os
@@ -20,6 +22,29 @@ import time
 from shmv_acceptance import mode_env, skip
 
 TIMEOUT = 60
+
+# How each sanitizer runtime starts a report (ASan, TSan, UBSan, LSan).
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "WARNING: ThreadSanitizer",
+                     "runtime error:", "ERROR: LeakSanitizer")
+
+
+def sanitizer_reports(out):
+    """The sanitizer reports in a program's output: from each line naming a
+    marker to the next blank line or the end (a report's stack), or []."""
+    lines = out.splitlines()
+    reports = []
+    i = 0
+    while i < len(lines):
+        if any(m in lines[i] for m in SANITIZER_MARKERS):
+            j = i + 1
+            while j < len(lines) and lines[j].strip() and \
+                    not any(m in lines[j] for m in SANITIZER_MARKERS):
+                j += 1
+            reports.append("\n".join(lines[i:j]))
+            i = j
+        else:
+            i += 1
+    return reports
 
 
 def free_port():
@@ -55,6 +80,7 @@ def main():
     server = subprocess.Popen(server_cmd, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     client = None
+    client_attempts = []  # every client run's output: a failed attempt's report counts too
     deadline = time.monotonic() + TIMEOUT
     try:
         # The client fails at once if the server is not listening yet: retry.
@@ -68,6 +94,7 @@ def main():
                 print("FAIL: client timed out")
                 print(stop(client))
                 return 1
+            client_attempts.append(client_out)
             if client.returncode == 0 or server.poll() is not None or \
                     "connect" not in client_out.lower() or time.monotonic() > deadline:
                 break
@@ -77,8 +104,15 @@ def main():
             server_out = stop(server) + "\n(server timed out)"
         print("--- server output\n" + server_out)
         print("--- client output\n" + client_out)
+        reports = [("server", r) for r in sanitizer_reports(server_out)] + \
+            [("client", r) for out in client_attempts for r in sanitizer_reports(out)]
+        for side, report in reports:
+            print(f"--- sanitizer report ({side})\n{report}")
         if server.returncode != 0 or client.returncode != 0:
             print(f"FAIL: server exit {server.returncode}, client exit {client.returncode}")
+            return 1
+        if reports:
+            print(f"FAIL: {len(reports)} sanitizer report(s)")
             return 1
         print("PASS")
         return 0

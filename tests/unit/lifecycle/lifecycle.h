@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/* Helpers of the lifecycle tests (main.cpp): peer processes, bounded waits. */
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lifecycle {
+
+/* Set in a peer process, which has no Catch2 session: there a failed need
+ * exits (status 10) instead of REQUIRE (which needs a session even to
+ * pass). */
+extern bool in_peer;
+#define NEED(c)                                                                        \
+	do {                                                                           \
+		if (::lifecycle::in_peer) {                                            \
+			if (!(c)) {                                                    \
+				std::fprintf(stderr, "peer: %s failed (%s:%d)\n", #c, \
+					     __FILE__, __LINE__);                       \
+				std::_Exit(10);                                        \
+			}                                                              \
+		} else {                                                               \
+			REQUIRE(c);                                                    \
+		}                                                                      \
+	} while (0)
+
+/* The peer side of the binary (--peer ROLE ARGS): peers.cpp. */
+int peer_main(const char *role, int argc, char **argv);
+
+/* A child process (this binary as a peer, or another program) whose stdin
+ * and stdout are pipes to us. Killed (SIGKILL) and reaped at scope end. */
+struct Proc {
+	pid_t pid = -1;
+	FILE *to = nullptr, *from = nullptr;
+
+	/* argv[0] is the program; "self" re-executes this binary. */
+	explicit Proc(std::vector<std::string> argv);
+	~Proc();
+	Proc(const Proc &) = delete;
+	Proc &operator=(const Proc &) = delete;
+
+	/* The next line without its newline, "timeout" or "eof". */
+	std::string line(int ms = 15000);
+	void send(const std::string &s);
+	/* Waits (bounded) for the child to stop (SIGSTOP) or exit: true if it
+	 * stopped. */
+	bool wait_stopped(int ms = 10000);
+	/* Reaps the child (bounded); its exit status or -1. */
+	int reap(int ms = 10000);
+};
+
+/* An open device with a PD, a CQ (with a completion channel if asked)
+ * and a QP of `type` in RTS (UD) or INIT (RC). */
+struct Dev {
+	struct ibv_context *ctx = nullptr;
+	struct ibv_pd *pd = nullptr;
+	struct ibv_comp_channel *ch = nullptr;
+	struct ibv_cq *cq = nullptr;
+	struct ibv_qp *qp = nullptr;
+	uint16_t lid = 0;
+
+	explicit Dev(enum ibv_qp_type type = IBV_QPT_UD, bool channel = false);
+	~Dev();
+	Dev(const Dev &) = delete;
+	Dev &operator=(const Dev &) = delete;
+};
+
+constexpr uint32_t ud_qkey = 0x11111111;
+
+
+/* A call running in a thread of its own, so that a test can watch it
+ * block. A call that never returns ends the test binary (exit 1) when the
+ * Call goes out of scope: the thread cannot be abandoned safely. */
+class Call {
+public:
+	explicit Call(std::function<void()> fn);
+	~Call();
+	Call(const Call &) = delete;
+	Call &operator=(const Call &) = delete;
+	bool returned() const;
+	/* Waits up to ms for the call to return: whether it did. */
+	bool wait(int ms);
+
+private:
+	std::shared_ptr<std::atomic<bool>> done_;
+	std::thread thread_;
+};
+
+/* Open descriptors of this process. */
+int count_fds();
+
+/* Polls until pred() or ms elapsed; pred()'s last value. */
+bool eventually(const std::function<bool()> &pred, int ms = 10000);
+
+} // namespace lifecycle

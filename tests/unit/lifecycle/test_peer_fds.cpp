@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A long-running process talking to many short-lived peers keeps none of
+ * their descriptors: the mapped segment and its lock file, the completion
+ * channel's eventfd and the memory file are dropped when the broker reports
+ * the peer gone (PeerGone), whether the peer exited or was killed.
+ */
+#include "lifecycle.h"
+
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <vector>
+
+using namespace lifecycle;
+
+namespace {
+
+struct Sender {
+	Dev dev{IBV_QPT_UD};
+	std::vector<char> buf = std::vector<char>(64);
+	struct ibv_mr *mr = nullptr;
+	struct ibv_ah *ah = nullptr;
+
+	Sender()
+	{
+		mr = ibv_reg_mr(dev.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+		REQUIRE(mr);
+		struct ibv_ah_attr aa{};
+		aa.dlid = dev.lid;
+		aa.port_num = 1;
+		ah = ibv_create_ah(dev.pd, &aa);
+		REQUIRE(ah);
+	}
+	~Sender()
+	{
+		ibv_destroy_ah(ah);
+		ibv_dereg_mr(mr);
+	}
+
+	/* One SEND to a new peer; it exits (or is killed, `kill`) after it. */
+	void talk_to_a_peer(bool kill_it)
+	{
+		Proc peer({"self", "--peer", "ud-receiver", kill_it ? "wait" : "exit"});
+		unsigned qpn = 0;
+		std::string l = peer.line();
+		REQUIRE(std::sscanf(l.c_str(), "qpn %u", &qpn) == 1);
+		struct ibv_sge sge = {uint64_t(uintptr_t(buf.data())), 16, mr->lkey};
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = IBV_WR_SEND;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = qpn;
+		wr.wr.ud.remote_qkey = ud_qkey;
+		REQUIRE(ibv_post_send(dev.qp, &wr, &bad) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(eventually([&] { return ibv_poll_cq(dev.cq, 1, &wc) == 1; }));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(peer.line() == "got 0");
+		if (kill_it)
+			kill(peer.pid, SIGKILL);
+		CHECK(peer.reap() == (kill_it ? 128 + SIGKILL : 0));
+	}
+};
+
+} // namespace
+
+TEST_CASE("descriptors of departed peers are closed: many peers come and go",
+	  "[lifecycle][peer-fds]")
+{
+	Sender s;
+	/* The first peer brings up what stays (broker connection, threads). */
+	s.talk_to_a_peer(false);
+	std::this_thread::sleep_for(std::chrono::milliseconds(200));
+	const int before = count_fds();
+	constexpr int peers = 24;
+	for (int i = 0; i < peers; i++)
+		s.talk_to_a_peer(i % 2 == 1);
+	/* PeerGone arrives asynchronously, once per peer. */
+	int after = before;
+	CHECK(eventually([&] { return (after = count_fds()) <= before; }, 10000));
+	CAPTURE(before, after);
+	CHECK(after <= before);
+}
