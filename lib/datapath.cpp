@@ -319,6 +319,7 @@ void QpEngine::snapshot_attr()
 	desc_->min_rnr_timer.store(attr_.min_rnr_timer);
 	desc_->path_mtu.store(attr_.path_mtu);
 	desc_->port.store(attr_.port_num);
+	desc_->access_flags.store(attr_.qp_access_flags, std::memory_order_release);
 }
 
 void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
@@ -827,7 +828,12 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			return fail(st);
 		access_pdn = rs.pdn;
 	}
+	/* A one-sided operation needs both the responder QP's permission
+	 * (qp_access_flags; for XRC the XRC_RECV QP's, which t.desc is) and
+	 * the MR's; either missing is the same remote access error. */
 	auto remote_key = [&](uint32_t access, uint64_t len, KeyRef &ref) {
+		if (!(t.desc->access_flags.load(std::memory_order_relaxed) & access))
+			return false;
 		ref = acquire_key(peer, wr.rkey);
 		return ref && ref->kind != KeyKind::NullMr && ref->pdn == access_pdn &&
 		       ref.permits(wr.remote_addr, len, access);

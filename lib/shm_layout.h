@@ -25,7 +25,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 3;
+constexpr uint32_t shm_version = 4;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -90,12 +90,18 @@ struct QpDesc {
 	/* An error a sender found on this responder (RemoteError): the owner
 	 * moves the QP to ERR and raises the event when it sees it. */
 	std::atomic<uint32_t> remote_error;
-	uint32_t reserved2;
+	/* The responder's qp_access_flags (IBV_ACCESS_REMOTE_WRITE/READ/
+	 * ATOMIC), written by the owner on every modify that sets them, 0
+	 * (no remote access) from RESET. A sender checks it next to the rkey,
+	 * on the line of `inflight`, which it has just written anyway. */
+	std::atomic<uint32_t> access_flags;
 	/* XRC_RECV: the XRC domain (Xrcd::domain) it lives in; a sender's
 	 * XRC SRQ must belong to the same domain. 0 for other types. */
 	uint64_t xrc_domain;
 };
 static_assert(std::is_standard_layout_v<QpDesc>);
+/* `access_flags` shares the cache line of `inflight`: one line per check. */
+static_assert(offsetof(QpDesc, access_flags) / 64 == offsetof(QpDesc, inflight) / 64);
 
 enum RemoteError : uint32_t {
 	remote_error_none = 0,

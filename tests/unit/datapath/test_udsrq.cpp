@@ -605,6 +605,81 @@ TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR
 	CHECK(ibv_dealloc_pd(other) == 0);
 }
 
+TEST_CASE("XRC: a WRITE the XRC_RECV QP did not enable is a remote access error", "[xrc]")
+{
+	/* The access flags that count are the XRC_RECV QP's (to_rts grants
+	 * none); the test above grants them there and not on the XRC_SEND QP. */
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_xrcd_init_attr xa{};
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.fd = -1;
+	struct ibv_xrcd *xrcd = ibv_open_xrcd(d.ctx, &xa);
+	REQUIRE((cq && xrcd));
+	struct ibv_srq_init_attr_ex sa{};
+	sa.attr.max_wr = 8;
+	sa.attr.max_sge = 1;
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+		       IBV_SRQ_INIT_ATTR_PD;
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.xrcd = xrcd;
+	sa.cq = cq;
+	sa.pd = d.pd;
+	struct ibv_srq *srq = ibv_create_srq_ex(d.ctx, &sa);
+	REQUIRE(srq);
+	uint32_t srqn = 0;
+	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
+	struct ibv_qp_init_attr_ex qa{};
+	qa.qp_type = IBV_QPT_XRC_RECV;
+	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	qa.xrcd = xrcd;
+	struct ibv_qp *rqp = ibv_create_qp_ex(d.ctx, &qa);
+	qa = {};
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	qa.send_cq = cq;
+	qa.recv_cq = cq;
+	qa.cap.max_send_wr = 8;
+	qa.cap.max_send_sge = 1;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qa.pd = d.pd;
+	struct ibv_qp *sqp = ibv_create_qp_ex(d.ctx, &qa);
+	REQUIRE((rqp && sqp));
+	REQUIRE(to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
+	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
+	std::vector<uint64_t> target(4, 0);
+	struct ibv_mr *mr = ibv_reg_mr(d.pd, target.data(), 32,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(mr);
+	std::memcpy(d.buf.data(), "xrc-deny", 8);
+	struct ibv_sge s = d.sge(0, 8);
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.qp_type.xrc.remote_srqn = srqn;
+	wr.wr.rdma.remote_addr = uint64_t(uintptr_t(target.data()));
+	wr.wr.rdma.rkey = mr->rkey;
+	REQUIRE(ibv_post_send(sqp, &wr, &bad) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(poll_one(cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+	CHECK(target[0] == 0);
+	CHECK(wait_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, rqp));
+	struct ibv_qp_attr a{};
+	struct ibv_qp_init_attr ia{};
+	REQUIRE(ibv_query_qp(rqp, &a, IBV_QP_STATE, &ia) == 0);
+	CHECK(a.qp_state == IBV_QPS_ERR);
+	REQUIRE(ibv_query_qp(sqp, &a, IBV_QP_STATE, &ia) == 0);
+	CHECK(a.qp_state == IBV_QPS_ERR);
+	CHECK(ibv_destroy_qp(sqp) == 0);
+	CHECK(ibv_destroy_qp(rqp) == 0);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(ibv_destroy_srq(srq) == 0);
+	CHECK(ibv_close_xrcd(xrcd) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
 /* ---- UD ---- */
 
 struct UdPair {
