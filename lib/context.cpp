@@ -1,10 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 #include "context.h"
+#include "log.h"
+#include "fork.h"
 
 #include <endian.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+
+#include <mutex>
+#include <set>
 
 #include <algorithm>
 #include <cstddef>
@@ -23,11 +28,56 @@ Context *Context::from(struct ibv_context *ctx)
 	return reinterpret_cast<Context *>(reinterpret_cast<char *>(vctx) - offsetof(Context, vctx));
 }
 
+namespace {
+
+thread_local bool refused_inherited = false;
+void (*inherited_hook)(Context &) = nullptr;
+
+/* Open contexts, for the fork() child handler. Never freed. */
+struct OpenContexts {
+	std::mutex lock;
+	std::set<Context *> all;
+};
+OpenContexts *&open_contexts()
+{
+	static OpenContexts *o = new OpenContexts;
+	return o;
+}
+
+} // namespace
+
 Context *to_context(struct ibv_context *ctx)
 {
+	refused_inherited = false;
 	if (!ctx || !to_device(ctx->device))
 		return nullptr;
-	return Context::from(ctx);
+	Context *c = Context::from(ctx);
+	if (c->inherited.load(std::memory_order_relaxed)) {
+		static std::once_flag logged;
+		std::call_once(logged, [] {
+			log_error("process %d: a verbs object of its parent used after fork(); "
+				  "open the device again in the child (EIO)", int(getpid()));
+		});
+		refused_inherited = true;
+		return nullptr;
+	}
+	return c;
+}
+
+bool inherited_context_refused() { return refused_inherited; }
+
+void set_inherited_context_hook(void (*hook)(Context &)) { inherited_hook = hook; }
+
+void fork_child::contexts()
+{
+	OpenContexts *old = open_contexts();
+	/* Single-threaded here; the old lock may have been held at fork(). */
+	for (Context *c : old->all) {
+		c->inherited.store(true);
+		if (inherited_hook)
+			inherited_hook(*c);
+	}
+	open_contexts() = new OpenContexts;
 }
 
 namespace {
@@ -188,6 +238,7 @@ Result<Context> open_context(Device &dev)
 	ctx->vctx.sz = sizeof(ctx->vctx);
 	ctx->device = &dev;
 	pthread_mutex_init(&c.mutex, nullptr);
+	install_fork_child_handler();
 
 	c.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
 	/* cmd_fd stands for the uverbs command fd; programs only pass it to
@@ -202,11 +253,21 @@ Result<Context> open_context(Device &dev)
 		delete ctx;
 		return Err{err};
 	}
+	{
+		OpenContexts &o = *open_contexts();
+		std::lock_guard guard(o.lock);
+		o.all.insert(ctx);
+	}
 	return ctx;
 }
 
 int close_context(Context &ctx)
 {
+	{
+		OpenContexts &o = *open_contexts();
+		std::lock_guard guard(o.lock);
+		o.all.erase(&ctx);
+	}
 	::close(ctx.vctx.context.async_fd);
 	::close(ctx.vctx.context.cmd_fd);
 	pthread_mutex_destroy(&ctx.vctx.context.mutex);

@@ -38,6 +38,8 @@ struct AsyncEventCounter {
 struct Context {
 	struct verbs_context vctx; /* vctx.context is what the application holds */
 	Device *device;
+	/* Open in the parent of this (forked) process: refused (lib/fork.h). */
+	std::atomic<bool> inherited{false};
 
 	/* Asynchronous events: a queue plus a semaphore eventfd that is the
 	 * context's async_fd, so the fd works with poll()/epoll and O_NONBLOCK
@@ -65,8 +67,14 @@ struct Context {
 	int get_async_event(struct ibv_async_event &event);
 };
 
-/* Our Context behind an ibv_context, or nullptr if a real provider owns it. */
+/* Our Context behind an ibv_context, or nullptr if a real provider owns it
+ * or it was inherited from the parent of this forked process. */
 Context *to_context(struct ibv_context *ctx);
+/* Whether this thread's last to_context() refused an inherited context (the
+ * verb then fails with EIO instead of forwarding the object). */
+bool inherited_context_refused();
+/* The provider's part of marking a context inherited (its ops tables). */
+void set_inherited_context_hook(void (*hook)(Context &));
 
 
 /* ibv_ack_async_event(): false when the event names an object we do not own. */

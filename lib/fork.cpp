@@ -1,8 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 #include "fork.h"
 #include "log.h"
+#include "memshare.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
+
+#include <atomic>
 #include <unistd.h>
 
 #include <cerrno>
@@ -56,6 +60,36 @@ size_t smaps_page_size_of(const void *addr)
 }
 
 } // namespace
+
+namespace {
+
+std::atomic<uint32_t> generation{0};
+
+void on_fork_child()
+{
+	generation.fetch_add(1, std::memory_order_relaxed);
+	fork_child::segments();
+	fork_child::key_tables();
+	fork_child::progress();
+	fork_child::remote_memory();
+	fork_child::mr_memory();
+	fork_child::contexts();
+}
+
+} // namespace
+
+void install_fork_child_handler()
+{
+	static std::once_flag once;
+	std::call_once(once, [] {
+		/* After memshare's: until its child handler has run, registered
+		 * pages (heap pages among them) are still the parent's. */
+		memshare::install_fork_handlers();
+		pthread_atfork(nullptr, nullptr, on_fork_child);
+	});
+}
+
+uint32_t fork_generation() { return generation.load(std::memory_order_relaxed); }
 
 bool env_flag(const char *name)
 {

@@ -85,4 +85,37 @@ ForkRanges &process_fork_ranges();
 /* rdma-core's reading of a boolean environment variable: set and not "0". */
 bool env_flag(const char *name);
 
+/*
+ * fork() without exec. The child has the parent's memory but none of its
+ * threads, and what the parent shares with its peers (its segment, its
+ * published objects) stays the parent's. The engine's child handler
+ * (pthread_atfork, installed by the first open_context) therefore starts the
+ * child afresh, in this order:
+ *  - segments: the parent's segment is remapped MAP_PRIVATE in the child (so
+ *    nothing the child does reaches the parent's shared state) and
+ *    forgotten; the child makes its own on first use and registers it with
+ *    its own broker connection (BrokerClient's own handler);
+ *  - key tables, the progress thread's state, the peer caches, the bounce
+ *    server and the published process fds: new ones, made on first use (the
+ *    old ones are left as they are: a lock in them may have been held by a
+ *    thread that does not exist in the child);
+ *  - contexts: every context open at fork() is marked inherited; its ops
+ *    tables fail with EIO and the exported verbs refuse it (EIO, logged
+ *    once), so the parent's objects cannot be used in the child.
+ * A child made with vfork() or posix_spawn() runs no handler and execs.
+ */
+void install_fork_child_handler();
+/* How many fork()s this process went through as the child. */
+uint32_t fork_generation();
+
+/* The per-subsystem parts of the child handler (each in its own file). */
+namespace fork_child {
+void segments();      /* lib/segment.cpp */
+void key_tables();    /* lib/mr.cpp */
+void progress();      /* lib/progress.cpp */
+void remote_memory(); /* lib/remote_memory.cpp */
+void mr_memory();     /* lib/mr_memory.cpp */
+void contexts();      /* lib/context.cpp */
+} // namespace fork_child
+
 } // namespace shmverbs

@@ -509,8 +509,7 @@ int ensure_file(State &st)
 	st.ino = sb.st_ino;
 	if (st.pagemap_fd < 0)
 		st.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	static std::once_flag atfork_once;
-	std::call_once(atfork_once, [] { pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child); });
+	install_fork_handlers();
 	return 0;
 }
 
@@ -906,6 +905,12 @@ void unshare(void *addr, size_t len)
 	const auto all = read_maps(0, UINTPTR_MAX);
 	for (const auto &run : dropped)
 		release_file_range(st, run.start, run.end, all);
+}
+
+void install_fork_handlers()
+{
+	static std::once_flag atfork_once;
+	std::call_once(atfork_once, [] { pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child); });
 }
 
 int memory_file_fd()

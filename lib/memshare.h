@@ -75,6 +75,12 @@ void unshare(void *addr, size_t len);
  * module: do not close. Pass it to peers (through the broker). */
 int memory_file_fd();
 
+/* Registers the fork() handlers (done at the memory file's creation too).
+ * Whoever touches memory in a forked child must register after this: child
+ * handlers run in registration order, and until this one has run the
+ * registered pages are still shared with the parent (lib/fork.h). */
+void install_fork_handlers();
+
 /* How many share() references cover the page holding addr (for tests). */
 uint32_t share_count_at(const void *addr);
 

@@ -3,6 +3,7 @@
 #include "mr_memory.h"
 #include "segment.h"
 #include "device.h"
+#include "fork.h"
 #include "log.h"
 
 #include <dirent.h>
@@ -143,14 +144,30 @@ KeyTable::~KeyTable()
 		delete[] chunks_[i].load(std::memory_order_relaxed);
 }
 
+namespace {
+
+/* Never freed, like the devices: threads may still use a table while the
+ * process exits. A forked child starts a new set (lib/fork.h). */
+struct KeyTables {
+	std::mutex lock;
+	std::map<uint32_t, KeyTable *> tables;
+};
+
+KeyTables *&key_tables()
+{
+	static KeyTables *t = new KeyTables;
+	return t;
+}
+
+} // namespace
+
+void fork_child::key_tables() { ::shmverbs::key_tables() = new KeyTables; }
+
 KeyTable &KeyTable::of(const Device &dev)
 {
-	static std::mutex lock;
-	/* Never freed, like the devices: threads may still use a table while
-	 * the process exits. */
-	static auto *tables = new std::map<uint32_t, KeyTable *>;
-	std::lock_guard guard(lock);
-	KeyTable *&table = (*tables)[dev.index];
+	KeyTables &all = *key_tables();
+	std::lock_guard guard(all.lock);
+	KeyTable *&table = all.tables[dev.index];
 	if (!table) {
 		struct ibv_device_attr attr = dev.device_attr();
 		table = new KeyTable(static_cast<uint32_t>(attr.max_mr),

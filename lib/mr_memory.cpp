@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 
 namespace shmverbs {
@@ -27,11 +28,12 @@ struct BounceRanges {
 	std::multimap<uint64_t, std::pair<uint64_t, uint32_t>> ranges;
 };
 
-BounceRanges &bounce_ranges()
+BounceRanges *&bounce_ranges_ptr()
 {
-	static auto *r = new BounceRanges; /* never freed: the helper may run at exit */
-	return *r;
+	static BounceRanges *r = new BounceRanges; /* never freed: the helper may run at exit */
+	return r;
 }
+BounceRanges &bounce_ranges() { return *bounce_ranges_ptr(); }
 
 bool validate_bounce(void *, uint64_t addr, uint64_t len, bool write)
 {
@@ -62,20 +64,39 @@ int ensure_bounce_server()
 	return 0;
 }
 
-std::once_flag memory_file_published;
+std::mutex memory_file_lock;
+bool memory_file_published = false;
 int memory_file_error = 0;
 
 int publish_memory_file()
 {
-	std::call_once(memory_file_published, [] {
+	std::lock_guard guard(memory_file_lock);
+	if (!memory_file_published) {
+		memory_file_published = true;
 		int fd = memshare::memory_file_fd();
 		memory_file_error = fd < 0 ? errno : Segment::attach_process_fd(kMemoryFileSlot, fd);
 		if (memory_file_error)
 			log_error("cannot publish the memory file: %s",
 				  std::strerror(memory_file_error));
-	});
+	}
 	return memory_file_error;
 }
+
+} // namespace
+
+/* The parent's bounce server thread is not in the child, and its memory
+ * file is the parent's: both are made again on first use (lib/fork.h). */
+void fork_child::mr_memory()
+{
+	new (&bounce_server_lock) std::mutex;
+	bounce_server = nullptr;
+	new (&memory_file_lock) std::mutex;
+	memory_file_published = false;
+	memory_file_error = 0;
+	bounce_ranges_ptr() = new BounceRanges;
+}
+
+namespace {
 
 /* A page switch makes a new mapping, which loses MADV_DONTFORK: advise again
  * the pages that ibv_dontfork_range() protects (only after ibv_fork_init). */

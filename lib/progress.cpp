@@ -16,6 +16,7 @@
  * unregistration returned.
  */
 #include "datapath.h"
+#include "fork.h"
 
 #include <condition_variable>
 #include <map>
@@ -42,11 +43,13 @@ struct ProgressState {
 	bool kicked = false;
 };
 
-ProgressState &state()
+ProgressState *&state_ptr()
 {
-	static auto *s = new ProgressState; /* never freed, see above */
-	return *s;
+	static ProgressState *s = new ProgressState; /* never freed, see above */
+	return s;
 }
+
+ProgressState &state() { return *state_ptr(); }
 
 void thread_main()
 {
@@ -88,6 +91,10 @@ void start_locked(ProgressState &st)
 }
 
 } // namespace
+
+/* A forked child has no progress thread: a new state starts one on first
+ * use; the parent's engines stay in the old one, never run here. */
+void fork_child::progress() { state_ptr() = new ProgressState; }
 
 void progress_register(QpEngine *e)
 {

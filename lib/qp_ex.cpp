@@ -101,6 +101,9 @@ int wr_complete(struct ibv_qp_ex *q)
 		return EINVAL;
 	QpExBatch &b = e->wr_batch;
 	int err = b.err;
+	/* A QP of the parent, used in a forked child (lib/fork.h). */
+	if (!err && Context::from(q->qp_base.context)->inherited.load(std::memory_order_relaxed))
+		err = EIO;
 	if (!err)
 		err = e->submit(b.wrs);
 	b.wrs.clear();

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 #include "remote_memory.h"
 
+#include "fork.h"
+
 #include "bounce.h"
 #include "memshare.h"
 #include "mr_memory.h"
@@ -214,11 +216,12 @@ struct PeerTable {
 	std::mutex lock;
 	std::map<std::pair<pid_t, uint64_t>, std::shared_ptr<PeerFiles>> files;
 };
-PeerTable &peer_table()
+PeerTable *&peer_table_ptr()
 {
-	static auto *t = new PeerTable;
-	return *t;
+	static PeerTable *t = new PeerTable;
+	return t;
 }
+PeerTable &peer_table() { return *peer_table_ptr(); }
 
 std::shared_ptr<PeerFiles> files_of(const PeerSegment &peer)
 {
@@ -428,6 +431,9 @@ int shared_window(const PeerSegment &peer, const KeyEntry &mr, SharedWindow &out
 	out.hold = std::move(w);
 	return 0;
 }
+
+/* The child's peers are looked up afresh (lib/fork.h). */
+void fork_child::remote_memory() { peer_table_ptr() = new PeerTable; }
 
 RemoteMemory &remote_memory_for(const PeerSegment &peer, const KeyEntry &mr)
 {

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "segment.h"
 
+#include "fork.h"
 #include "log.h"
 #include "remote_memory.h"
 
@@ -20,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <new>
 #include <tuple>
 
 namespace shmverbs {
@@ -54,11 +56,13 @@ struct PeerCache {
 		channel_files;
 };
 
-PeerCache &peers()
+PeerCache *&peer_cache()
 {
-	static auto *cache = new PeerCache; /* never freed, see above */
-	return *cache;
+	static PeerCache *cache = new PeerCache; /* never freed, see above */
+	return cache;
 }
+
+PeerCache &peers() { return *peer_cache(); }
 
 void on_broker_event(const BrokerEvent &e)
 {
@@ -332,6 +336,29 @@ int Segment::lock_fd()
 		lock_fd_ = ::open(path, O_RDWR | O_CLOEXEC);
 	}
 	return lock_fd_;
+}
+
+void Segment::privatize_in_child()
+{
+	if (mmap(base_, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd_,
+		 0) == MAP_FAILED)
+		/* Still the parent's pages: make them unusable rather than shared. */
+		mmap(base_, size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+		     -1, 0);
+}
+
+void fork_child::segments()
+{
+	for (Segment *&s : ::shmverbs::segments) {
+		if (s)
+			s->privatize_in_child(); /* left allocated: stale objects point into it */
+		s = nullptr;
+	}
+	/* The locks may have been held by threads the child does not have. */
+	new (&segments_lock) std::mutex;
+	for (std::atomic<int> &fd : process_fds)
+		fd.store(-1);
+	peer_cache() = new PeerCache;
 }
 
 /* ---- Peers ---- */

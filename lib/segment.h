@@ -72,6 +72,11 @@ public:
 
 	static constexpr uint64_t default_size = 1ull << 32; /* apparent, sparse */
 
+	/* In a forked child (lib/fork.h): maps this, the parent's, segment
+	 * MAP_PRIVATE over itself, so that nothing the child does through the
+	 * parent's objects reaches the parent's shared memory. */
+	void privatize_in_child();
+
 private:
 	Segment(uint32_t device, int fd, char *base, uint64_t size);
 	int ensure_registered_locked(uint64_t *handle);

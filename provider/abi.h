@@ -87,18 +87,29 @@ int guard_int(F &&f) noexcept
 		return fp;                                                               \
 	}())
 
-/* Forward a pointer verb, or fail with EINVAL when no real library is there. */
+/* Forward a pointer verb, or fail with EINVAL when no real library is there.
+ * An object of a context inherited across fork() is not forwarded: EIO. */
 #define SHMV_FORWARD_PTR(name, version, ...)                                            \
 	do {                                                                             \
+		if (::shmverbs::inherited_context_refused()) {                          \
+			errno = EIO;                                                     \
+			return nullptr;                                                  \
+		}                                                                        \
 		if (auto fp__ = SHMV_NEXT(name, version))                               \
 			return fp__(__VA_ARGS__);                                        \
 		errno = EINVAL;                                                          \
 		return nullptr;                                                          \
 	} while (0)
 
-/* Forward an int verb, or return EINVAL when no real library is there. */
+/* Forward an int verb, or return EINVAL when no real library is there (EIO
+ * for an object of a context inherited across fork(); errno set too, for the
+ * verbs whose convention is -1 and errno). */
 #define SHMV_FORWARD_INT(name, version, ...)                                            \
 	do {                                                                             \
+		if (::shmverbs::inherited_context_refused()) {                          \
+			errno = EIO;                                                     \
+			return EIO;                                                      \
+		}                                                                        \
 		if (auto fp__ = SHMV_NEXT(name, version))                               \
 			return fp__(__VA_ARGS__);                                        \
 		return EINVAL;                                                           \

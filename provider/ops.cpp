@@ -1,17 +1,24 @@
 /* SPDX-License-Identifier: MIT */
 #include "ops.h"
 
+#include "context.h"
+
+#include <mutex>
+
 namespace shmverbs::abi {
 
 namespace {
 
 /* poll_cq reports failure as a negative value, unlike the other int slots. */
-int poll_cq_unsupported(struct ibv_cq *, int, struct ibv_wc *) { return -EOPNOTSUPP; }
+template <int Err>
+int poll_cq_failing(struct ibv_cq *, int, struct ibv_wc *) { return -Err; }
 
-} // namespace
-
-void install_default_ops(struct verbs_context &v)
+/* Every slot failing with Err in its convention. */
+template <int Err>
+void install_failing_ops(struct verbs_context &v)
 {
+#undef SHMV_UNSUPPORTED
+#define SHMV_UNSUPPORTED(slot) (slot) = &shmverbs::abi::Unsupported<decltype(slot), Err>::call
 	struct ibv_context_ops &o = v.context.ops;
 
 	SHMV_UNSUPPORTED(o._compat_query_device);
@@ -25,7 +32,7 @@ void install_default_ops(struct verbs_context &v)
 	SHMV_UNSUPPORTED(o.bind_mw);
 	SHMV_UNSUPPORTED(o.dealloc_mw);
 	SHMV_UNSUPPORTED(o._compat_create_cq);
-	o.poll_cq = poll_cq_unsupported;
+	o.poll_cq = poll_cq_failing<Err>;
 	SHMV_UNSUPPORTED(o.req_notify_cq);
 	SHMV_UNSUPPORTED(o._compat_cq_event);
 	SHMV_UNSUPPORTED(o._compat_resize_cq);
@@ -85,5 +92,20 @@ void install_default_ops(struct verbs_context &v)
 	SHMV_UNSUPPORTED(v.open_xrcd);
 	SHMV_UNSUPPORTED(v.close_xrcd);
 }
+
+} // namespace
+
+void install_default_ops(struct verbs_context &v)
+{
+	install_failing_ops<EOPNOTSUPP>(v);
+	/* The engine marks contexts inherited in a forked child; their slots
+	 * then fail with EIO. */
+	static std::once_flag once;
+	std::call_once(once, [] {
+		set_inherited_context_hook([](Context &c) { install_inherited_ops(c.vctx); });
+	});
+}
+
+void install_inherited_ops(struct verbs_context &v) { install_failing_ops<EIO>(v); }
 
 } // namespace shmverbs::abi

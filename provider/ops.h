@@ -15,20 +15,20 @@
 
 namespace shmverbs::abi {
 
-template <typename Fn>
+template <typename Fn, int Err = EOPNOTSUPP>
 struct Unsupported;
 
-template <typename R, typename... Args>
-struct Unsupported<R (*)(Args...)> {
+template <typename R, typename... Args, int Err>
+struct Unsupported<R (*)(Args...), Err> {
 	static R call(Args...)
 	{
 		if constexpr (std::is_pointer_v<R>) {
-			errno = EOPNOTSUPP;
+			errno = Err;
 			return nullptr;
 		} else if constexpr (std::is_void_v<R>) {
 			return;
 		} else {
-			return static_cast<R>(EOPNOTSUPP);
+			return static_cast<R>(Err);
 		}
 	}
 };
@@ -37,6 +37,8 @@ struct Unsupported<R (*)(Args...)> {
 #define SHMV_UNSUPPORTED(slot) (slot) = &shmverbs::abi::Unsupported<decltype(slot)>::call
 
 void install_default_ops(struct verbs_context &vctx);
+/* Every slot failing with EIO: a context inherited across fork() (lib/fork.h). */
+void install_inherited_ops(struct verbs_context &vctx);
 
 /* One overlay per object family, each in that family's verbs_*.cpp. */
 void install_device_ops(struct verbs_context &vctx);

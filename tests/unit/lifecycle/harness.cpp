@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 namespace lifecycle {
@@ -147,6 +148,40 @@ Dev::Dev(enum ibv_qp_type type, bool channel)
 						       IBV_QP_ACCESS_FLAGS) == 0);
 	}
 }
+
+int rc_to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid, uint8_t min_rnr_timer)
+{
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = min_rnr_timer;
+	a.ah_attr.dlid = lid;
+	a.ah_attr.port_num = 1;
+	if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+						  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return e;
+	a = {};
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 3;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+PageBuf::PageBuf()
+{
+	void *m = nullptr;
+	NEED(posix_memalign(&m, 4096, n) == 0);
+	p = static_cast<char *>(m);
+	std::memset(p, 0, n);
+}
+
+PageBuf::~PageBuf() { std::free(p); }
 
 Dev::~Dev()
 {

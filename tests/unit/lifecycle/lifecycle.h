@@ -78,6 +78,20 @@ struct Dev {
 
 constexpr uint32_t ud_qkey = 0x11111111;
 
+/* An RC QP (in INIT, as Dev makes it) to RTS toward `dest` on port 1. */
+int rc_to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid, uint8_t min_rnr_timer = 1);
+
+/* Page-aligned memory (registered ranges are whole pages under
+ * ibv_fork_init, as rdma-core programs allocate them). */
+struct PageBuf {
+	char *p = nullptr;
+	size_t n = 4096;
+	PageBuf();
+	~PageBuf();
+	PageBuf(const PageBuf &) = delete;
+	PageBuf &operator=(const PageBuf &) = delete;
+	uint64_t addr(size_t off = 0) const { return uint64_t(uintptr_t(p + off)); }
+};
 
 /* A call running in a thread of its own, so that a test can watch it
  * block. A call that never returns ends the test binary (exit 1) when the

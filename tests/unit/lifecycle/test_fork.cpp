@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fork() without exec. The child opens the device itself and runs the data
+ * path like any process (its own segment, broker registration and progress
+ * thread); the parent's objects fail in the child with EIO and leave the
+ * parent's state alone; the parent keeps working. Run with and without
+ * RDMAV_FORK_SAFE (tests/meson.build).
+ */
+#include "lifecycle.h"
+
+#include <catch2/catch.hpp>
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+using namespace lifecycle;
+
+namespace {
+
+bool wait_wc(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 10000)
+{
+	return eventually([&] { return ibv_poll_cq(cq, 1, &wc) == 1; }, ms);
+}
+
+int post_recv(struct ibv_qp *qp, struct ibv_mr *mr, const PageBuf &b, uint64_t wr_id)
+{
+	struct ibv_sge sge = {b.addr(), 1024, mr->lkey};
+	struct ibv_recv_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+/* A SEND of 16 bytes from b + 2048 (UD: to qpn through ah). */
+int post_send(struct ibv_qp *qp, struct ibv_mr *mr, const PageBuf &b, uint64_t wr_id,
+	      struct ibv_ah *ah = nullptr, uint32_t qpn = 0)
+{
+	struct ibv_sge sge = {b.addr(2048), 16, mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = qpn;
+	wr.wr.ud.remote_qkey = ud_qkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+struct UdEnd {
+	Dev dev{IBV_QPT_UD};
+	PageBuf buf;
+	struct ibv_mr *mr = nullptr;
+	struct ibv_ah *ah = nullptr;
+
+	UdEnd()
+	{
+		mr = ibv_reg_mr(dev.pd, buf.p, buf.n, IBV_ACCESS_LOCAL_WRITE);
+		NEED(mr);
+		struct ibv_ah_attr aa{};
+		aa.dlid = dev.lid;
+		aa.port_num = 1;
+		ah = ibv_create_ah(dev.pd, &aa);
+		NEED(ah);
+	}
+	~UdEnd()
+	{
+		if (ah)
+			ibv_destroy_ah(ah);
+		if (mr)
+			ibv_dereg_mr(mr);
+	}
+};
+
+int child_failures = 0;
+void expect(bool ok, const char *what)
+{
+	if (!ok) {
+		std::fprintf(stderr, "child: expected %s (errno %d)\n", what, errno);
+		child_failures++;
+	}
+}
+
+/* The child: first the parent's objects, then its own device. Reports its
+ * UD QP number on `to_parent`; exits 0 when everything held. */
+[[noreturn]] void child_main(UdEnd &parent, int to_parent, int from_parent)
+{
+	in_peer = true;
+	/* 1. The parent's objects: EIO, nothing done. */
+	errno = 0;
+	expect(ibv_alloc_pd(parent.dev.ctx) == nullptr && errno == EIO, "alloc_pd EIO");
+	struct ibv_device_attr da{};
+	expect(ibv_query_device(parent.dev.ctx, &da) == EIO, "query_device EIO");
+	expect(post_send(parent.dev.qp, parent.mr, parent.buf, 1, parent.ah,
+			 parent.dev.qp->qp_num) == EIO, "post_send EIO");
+	expect(post_recv(parent.dev.qp, parent.mr, parent.buf, 1) == EIO, "post_recv EIO");
+	struct ibv_wc wc{};
+	expect(ibv_poll_cq(parent.dev.cq, 1, &wc) < 0, "poll_cq < 0");
+	expect(ibv_req_notify_cq(parent.dev.cq, 0) == EIO, "req_notify_cq EIO");
+	struct ibv_qp_attr qa{};
+	qa.qp_state = IBV_QPS_ERR;
+	expect(ibv_modify_qp(parent.dev.qp, &qa, IBV_QP_STATE) == EIO, "modify_qp EIO");
+	expect(ibv_dereg_mr(parent.mr) == EIO, "dereg_mr EIO");
+	expect(ibv_destroy_qp(parent.dev.qp) == EIO, "destroy_qp EIO");
+
+	/* 2. Its own device, talking to the parent. */
+	{
+		UdEnd own;
+		NEED(post_recv(own.dev.qp, own.mr, own.buf, 7) == 0);
+		uint32_t qpn = own.dev.qp->qp_num;
+		NEED(write(to_parent, &qpn, sizeof(qpn)) == sizeof(qpn));
+		std::memcpy(own.buf.p + 2048, "from-the-child!", 16);
+		NEED(post_send(own.dev.qp, own.mr, own.buf, 8, own.ah, parent.dev.qp->qp_num) == 0);
+		NEED(wait_wc(own.dev.cq, wc));
+		expect(wc.wr_id == 8 && wc.status == IBV_WC_SUCCESS, "own send completes");
+		NEED(wait_wc(own.dev.cq, wc));
+		expect(wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS, "the parent's reply");
+		expect(std::memcmp(own.buf.p + 40, "from-the-parent", 16) == 0, "reply data");
+	}
+	/* 3. Its own progress thread: an RC SEND waiting in RNR until the
+	 * receive is posted is retried by it. */
+	{
+		Dev a(IBV_QPT_RC), b(IBV_QPT_RC);
+		PageBuf ab, bb;
+		struct ibv_mr *amr = ibv_reg_mr(a.pd, ab.p, ab.n, IBV_ACCESS_LOCAL_WRITE);
+		struct ibv_mr *bmr = ibv_reg_mr(b.pd, bb.p, bb.n, IBV_ACCESS_LOCAL_WRITE);
+		NEED((amr && bmr));
+		NEED(rc_to_rts(a.qp, b.qp->qp_num, a.lid) == 0);
+		NEED(rc_to_rts(b.qp, a.qp->qp_num, b.lid) == 0);
+		NEED(post_send(a.qp, amr, ab, 9) == 0);
+		std::this_thread::sleep_for(std::chrono::milliseconds(30));
+		NEED(post_recv(b.qp, bmr, bb, 10) == 0);
+		NEED(wait_wc(a.cq, wc, 5000));
+		expect(wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS, "RNR retried by the progress thread");
+		NEED(wait_wc(b.cq, wc));
+		ibv_destroy_qp(a.qp);
+		a.qp = nullptr;
+		ibv_destroy_qp(b.qp);
+		b.qp = nullptr;
+		ibv_dereg_mr(amr);
+		ibv_dereg_mr(bmr);
+	}
+	char c;
+	(void)!read(from_parent, &c, 1); /* the parent is done with us */
+	std::_Exit(child_failures ? 20 + child_failures : 0);
+}
+
+} // namespace
+
+TEST_CASE("fork: the child opens the device and runs the data path; the parent's objects are EIO "
+	  "there; the parent keeps working",
+	  "[lifecycle][fork]")
+{
+	UdEnd parent;
+	REQUIRE(post_recv(parent.dev.qp, parent.mr, parent.buf, 1) == 0);
+	int up[2], down[2];
+	REQUIRE(pipe(up) == 0);
+	REQUIRE(pipe(down) == 0);
+	pid_t pid = fork();
+	REQUIRE(pid >= 0);
+	if (pid == 0)
+		child_main(parent, up[1], down[0]);
+	close(up[1]);
+	close(down[0]);
+
+	uint32_t child_qpn = 0;
+	struct pollfd p = {up[0], POLLIN, 0};
+	REQUIRE(poll(&p, 1, 15000) == 1);
+	REQUIRE(read(up[0], &child_qpn, sizeof(child_qpn)) == sizeof(child_qpn));
+	struct ibv_wc wc{};
+	REQUIRE(wait_wc(parent.dev.cq, wc));
+	CHECK(wc.wr_id == 1);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.src_qp == child_qpn);
+	CHECK(std::memcmp(parent.buf.p + 40, "from-the-child!", 16) == 0);
+	std::memcpy(parent.buf.p + 2048, "from-the-parent", 16);
+	REQUIRE(post_send(parent.dev.qp, parent.mr, parent.buf, 2, parent.ah, child_qpn) == 0);
+	REQUIRE(wait_wc(parent.dev.cq, wc));
+	CHECK(wc.wr_id == 2);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(write(down[1], "x", 1) == 1);
+	int status = -1;
+	REQUIRE(eventually([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 20000));
+	CHECK(WIFEXITED(status));
+	CHECK(WEXITSTATUS(status) == 0);
+	close(up[0]);
+	close(down[1]);
+
+	/* The parent's objects are intact: a SEND to itself. */
+	REQUIRE(post_recv(parent.dev.qp, parent.mr, parent.buf, 3) == 0);
+	REQUIRE(post_send(parent.dev.qp, parent.mr, parent.buf, 4, parent.ah,
+			  parent.dev.qp->qp_num) == 0);
+	int got = 0;
+	for (int i = 0; i < 2 && wait_wc(parent.dev.cq, wc); i++) {
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		got++;
+	}
+	CHECK(got == 2);
+}
