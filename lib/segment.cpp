@@ -20,8 +20,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 #include <new>
+#include <set>
 #include <tuple>
 
 namespace shmverbs {
