@@ -12,6 +12,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include <vector>
 
@@ -21,7 +22,12 @@ namespace {
 
 struct HeldKey {
 	Dev dev{IBV_QPT_RC};
-	std::vector<char> buf = std::vector<char>(4096);
+	struct Page {
+		void *p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		~Page() { munmap(p, 4096); }
+		void *data() const { return p; }
+		size_t size() const { return 4096; }
+	} buf;
 	struct ibv_mr *mr = nullptr;
 
 	HeldKey()
