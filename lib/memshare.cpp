@@ -87,17 +87,26 @@ struct MapEntry {
 	unsigned dev_major, dev_minor;
 	unsigned long inode;
 	std::string name;
+	bool dontfork; /* VM_DONTCOPY ("dc"), only read with with_flags */
 };
 
-/* The mappings intersecting [lo, hi), in address order, unclipped. */
-std::vector<MapEntry> read_maps(uintptr_t lo, uintptr_t hi)
+/* The mappings intersecting [lo, hi), in address order, unclipped. With
+ * with_flags, from /proc/self/smaps (slower: it walks the page tables) to
+ * learn each mapping's MADV_DONTFORK too. */
+std::vector<MapEntry> read_maps(uintptr_t lo, uintptr_t hi, bool with_flags = false)
 {
 	std::vector<MapEntry> out;
-	FILE *f = std::fopen("/proc/self/maps", "re");
+	FILE *f = std::fopen(with_flags ? "/proc/self/smaps" : "/proc/self/maps", "re");
 	if (!f)
 		return out;
 	char line[4096 + 128];
+	bool last_kept = false;
 	while (std::fgets(line, sizeof(line), f)) {
+		if (with_flags && std::strncmp(line, "VmFlags:", 8) == 0) {
+			if (last_kept)
+				out.back().dontfork = std::strstr(line, " dc") != nullptr;
+			continue;
+		}
 		MapEntry m{};
 		char perms[8] = {};
 		int name_at = 0;
@@ -106,6 +115,7 @@ std::vector<MapEntry> read_maps(uintptr_t lo, uintptr_t hi)
 				&m.end, perms, &off, &m.dev_major, &m.dev_minor, &m.inode,
 				&name_at) < 7)
 			continue;
+		last_kept = false;
 		if (m.end <= lo)
 			continue;
 		if (m.start >= hi)
@@ -120,6 +130,7 @@ std::vector<MapEntry> read_maps(uintptr_t lo, uintptr_t hi)
 				m.name.pop_back();
 		}
 		out.push_back(std::move(m));
+		last_kept = true;
 	}
 	std::fclose(f);
 	return out;
@@ -147,6 +158,61 @@ std::atomic<bool> g_handler_ready{false};
 thread_local __attribute__((tls_model("initial-exec"))) uintptr_t t_last_addr = 0;
 thread_local __attribute__((tls_model("initial-exec"))) uint32_t t_last_seq = 0;
 
+/* A range of ours as seen at fork time, and the child's private copy. */
+struct ForkRange {
+	uintptr_t start, end;
+	int prot;
+	char *snapshot;   /* the child's copy; null if it could not be made */
+	bool app_dontfork; /* the application keeps it out of children */
+	bool installed;   /* in the child: its copy is in place */
+};
+
+/* The fork table, from prepare to parent/child. Plain static storage and a
+ * table of its own mapping, never the heap: the child's SIGSEGV handler reads
+ * it while the child's heap pages may still be missing. */
+ForkRange *g_fork_ranges = nullptr;
+std::atomic<size_t> g_fork_count{0};
+std::atomic<pid_t> g_fork_parent{0};
+int g_fork_fd = -1;
+size_t g_fork_table_bytes = 0;
+
+/* In a forked child: puts the child's private copy of r in place of the hole
+ * MADV_DONTFORK left (a system call or two: safe in a signal handler). */
+void install_child_copy(ForkRange &r)
+{
+	if (r.installed || r.app_dontfork)
+		return;
+	size_t len = r.end - r.start;
+	void *at = reinterpret_cast<void *>(r.start);
+	if (r.snapshot && mprotect(r.snapshot, len, r.prot) == 0 &&
+	    mremap(r.snapshot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) != MAP_FAILED) {
+		r.installed = true;
+		return;
+	}
+	/* No snapshot: a private mapping of the file, which at least never
+	 * writes to the parent's pages. */
+	mmap(at, len, r.prot, MAP_PRIVATE | MAP_FIXED, g_fork_fd, static_cast<off_t>(r.start));
+	r.installed = true;
+}
+
+/* From the SIGSEGV handler: in a child forked while ranges of ours were
+ * shared, a fault in one of them is the child's first touch of it before
+ * on_fork_child ran (glibc's own child-side work, earlier handlers). */
+bool child_fault_on_fork_range(uintptr_t a)
+{
+	size_t n = g_fork_count.load(std::memory_order_acquire);
+	if (n == 0 || static_cast<pid_t>(syscall(SYS_getpid)) == g_fork_parent.load(std::memory_order_relaxed))
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		ForkRange &r = g_fork_ranges[i];
+		if (a >= r.start && a < r.end && !r.installed && !r.app_dontfork) {
+			install_child_copy(r);
+			return true;
+		}
+	}
+	return false;
+}
+
 void chain_segv(int sig, siginfo_t *si, void *uc)
 {
 	struct sigaction prev = g_prev_segv;
@@ -173,6 +239,10 @@ void on_segv(int sig, siginfo_t *si, void *uc)
 {
 	int saved_errno = errno;
 	auto a = reinterpret_cast<uintptr_t>(si->si_addr);
+	if (si->si_code > 0 && child_fault_on_fork_range(a)) {
+		errno = saved_errno;
+		return; /* the child's copy is in place now: retry */
+	}
 	if (si->si_code == SEGV_ACCERR) {
 		uint32_t s = g_seq.load(std::memory_order_acquire);
 		if ((s & 1) && a >= g_lo.load(std::memory_order_relaxed) &&
@@ -420,12 +490,6 @@ private:
 	std::map<uintptr_t, Seg> segs_;
 };
 
-/* A shared range as seen at fork time, and its private snapshot. */
-struct ForkRange {
-	uintptr_t start, end;
-	int prot;
-	char *snapshot;
-};
 
 struct State {
 	std::mutex lock;
@@ -434,8 +498,6 @@ struct State {
 	ino_t ino = 0;
 	int pagemap_fd = -1;
 	PageCounts counts;
-	std::vector<ForkRange> fork_ranges; /* between prepare and parent/child */
-	bool fork_active = false;
 };
 
 State &state()
@@ -642,80 +704,106 @@ void release_file_range(State &st, uintptr_t s, uintptr_t e, const std::vector<M
 }
 
 /* ---- fork() ----
- * prepare: snapshot every shared range into private anonymous memory while
- * the ranges are read-only (so the snapshot is consistent), all inside
- * prepare: glibc takes its own locks after the handlers, and a thread waiting
- * in our SIGSEGV handler could hold one of them. child: move each snapshot
- * over its range (the child's private copy; mremap, no copy). parent: drop
- * the snapshots. The state mutex is held from prepare to parent/child so no
- * range is shared in between. */
+ * A child must get a private copy of every range of ours, and nothing it
+ * does may reach the parent's pages, not even before on_fork_child runs:
+ * glibc writes arena headers in the child before any handler, and handlers
+ * registered before ours run first. So the child never inherits our shared
+ * mappings at all:
+ * prepare: snapshot every range into private anonymous memory while it is
+ * read-only (consistent), and mark the range MADV_DONTFORK, all inside
+ * prepare (glibc takes its own locks after the handlers, and a thread waiting
+ * in our SIGSEGV handler could hold one of them).
+ * child: the ranges are holes; each snapshot is moved over its hole (mremap,
+ * no copy) by on_fork_child, or by the SIGSEGV handler when the child touches
+ * the range earlier. Ranges the application itself keeps out of children
+ * (MADV_DONTFORK, ibv_fork_init) stay holes, as they would be.
+ * parent: MADV_DOFORK again, drop the snapshots.
+ * The state mutex is held from prepare to parent/child so no range switches
+ * in between. Writes other threads make between the snapshot and the fork
+ * itself are not in the child's copy. */
+void drop_fork_table()
+{
+	g_fork_count.store(0, std::memory_order_release);
+	if (g_fork_ranges)
+		munmap(g_fork_ranges, g_fork_table_bytes);
+	g_fork_ranges = nullptr;
+	g_fork_table_bytes = 0;
+}
+
 void on_fork_prepare()
 {
 	State &st = state();
 	st.lock.lock();
-	st.fork_active = false;
-	st.fork_ranges.clear();
 	if (st.fd < 0 || st.counts.empty())
 		return;
-	for (const MapEntry &m : read_maps(0, UINTPTR_MAX))
+	std::vector<ForkRange> ranges;
+	for (const MapEntry &m : read_maps(0, UINTPTR_MAX, true))
 		if (is_ours(st, m))
-			st.fork_ranges.push_back({m.start, m.end, m.prot, nullptr});
-	if (st.fork_ranges.empty())
+			ranges.push_back({m.start, m.end, m.prot, nullptr, m.dontfork, false});
+	if (ranges.empty())
 		return;
-	for (ForkRange &r : st.fork_ranges) {
+	size_t bytes = (ranges.size() * sizeof(ForkRange) + page_size() - 1) & ~(page_size() - 1);
+	void *table = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (table == MAP_FAILED) {
+		log_error("memshare: fork(): no memory for the fork table; the child shares registered pages");
+		return;
+	}
+	for (ForkRange &r : ranges) {
+		if (r.app_dontfork)
+			continue;
 		void *p = mmap(nullptr, r.end - r.start, PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		r.snapshot = p == MAP_FAILED ? nullptr : static_cast<char *>(p);
 	}
-	st.fork_active = true;
 	sigset_t mask;
-	open_window(st.fork_ranges.front().start, st.fork_ranges.back().end, &mask);
-	for (const ForkRange &r : st.fork_ranges)
-		if (r.prot & PROT_WRITE)
+	open_window(ranges.front().start, ranges.back().end, &mask);
+	for (const ForkRange &r : ranges)
+		if (!r.app_dontfork && (r.prot & PROT_WRITE))
 			mprotect(reinterpret_cast<void *>(r.start), r.end - r.start,
 				 PROT_READ | (r.prot & PROT_EXEC));
-	for (ForkRange &r : st.fork_ranges)
+	for (ForkRange &r : ranges) {
 		if (r.snapshot && copy_file_extents(st.fd, r.start, r.end, r.snapshot) != 0) {
 			munmap(r.snapshot, r.end - r.start);
 			r.snapshot = nullptr;
 		}
-	for (const ForkRange &r : st.fork_ranges)
-		if (r.prot & PROT_WRITE)
+		if (!r.app_dontfork)
+			madvise(reinterpret_cast<void *>(r.start), r.end - r.start, MADV_DONTFORK);
+	}
+	for (const ForkRange &r : ranges)
+		if (!r.app_dontfork && (r.prot & PROT_WRITE))
 			mprotect(reinterpret_cast<void *>(r.start), r.end - r.start, r.prot);
 	close_window(&mask);
+	g_fork_ranges = static_cast<ForkRange *>(table);
+	std::copy(ranges.begin(), ranges.end(), g_fork_ranges);
+	g_fork_table_bytes = bytes;
+	g_fork_fd = st.fd;
+	g_fork_parent.store(static_cast<pid_t>(syscall(SYS_getpid)), std::memory_order_relaxed);
+	g_fork_count.store(ranges.size(), std::memory_order_release);
 }
 
 void on_fork_parent()
 {
-	State &st = state();
-	for (const ForkRange &r : st.fork_ranges)
+	size_t n = g_fork_count.load(std::memory_order_acquire);
+	for (size_t i = 0; i < n; i++) {
+		const ForkRange &r = g_fork_ranges[i];
+		if (r.app_dontfork)
+			continue;
+		madvise(reinterpret_cast<void *>(r.start), r.end - r.start, MADV_DOFORK);
 		if (r.snapshot)
 			munmap(r.snapshot, r.end - r.start);
-	st.fork_ranges.clear();
-	st.fork_active = false;
-	st.lock.unlock();
+	}
+	drop_fork_table();
+	state().lock.unlock();
 }
 
 void on_fork_child()
 {
+	/* First the copies: the state itself may live on a registered page. */
+	size_t n = g_fork_count.load(std::memory_order_acquire);
+	for (size_t i = 0; i < n; i++)
+		install_child_copy(g_fork_ranges[i]);
+	drop_fork_table();
 	State &st = state();
-	for (const ForkRange &r : st.fork_ranges) {
-		size_t len = r.end - r.start;
-		/* Ranges the child did not inherit (MADV_DONTFORK) are unmapped. */
-		bool mapped = msync(reinterpret_cast<void *>(r.start), len, MS_ASYNC) == 0;
-		if (!r.snapshot) {
-			if (mapped) /* no snapshot: at least never share with the parent */
-				mmap(reinterpret_cast<void *>(r.start), len, r.prot,
-				     MAP_PRIVATE | MAP_FIXED, st.fd, static_cast<off_t>(r.start));
-			continue;
-		}
-		if (!mapped || mprotect(r.snapshot, len, r.prot) != 0 ||
-		    mremap(r.snapshot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
-			   reinterpret_cast<void *>(r.start)) == MAP_FAILED)
-			munmap(r.snapshot, len);
-	}
-	st.fork_ranges.clear();
-	st.fork_active = false;
 	/* The child has no registrations and no memory file of its own yet. */
 	if (st.fd >= 0)
 		close(st.fd);
@@ -912,6 +1000,15 @@ void install_fork_handlers()
 	static std::once_flag atfork_once;
 	std::call_once(atfork_once, [] { pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child); });
 }
+
+namespace {
+/* At load, so that ours come before every other child handler of this
+ * library and of the application (they run in registration order). */
+__attribute__((constructor)) void install_fork_handlers_at_load()
+{
+	install_fork_handlers();
+}
+} // namespace
 
 int memory_file_fd()
 {

@@ -75,10 +75,10 @@ void unshare(void *addr, size_t len);
  * module: do not close. Pass it to peers (through the broker). */
 int memory_file_fd();
 
-/* Registers the fork() handlers (done at the memory file's creation too).
- * Whoever touches memory in a forked child must register after this: child
- * handlers run in registration order, and until this one has run the
- * registered pages are still shared with the parent (lib/fork.h). */
+/* Registers the fork() handlers (done when the library loads, so they come
+ * first). A child never inherits a shared mapping of ours: until the child
+ * handler has run, its first touch of a registered range faults and puts the
+ * child's private copy in place (lib/fork.h, docs/architecture.md). */
 void install_fork_handlers();
 
 /* How many share() references cover the page holding addr (for tests). */

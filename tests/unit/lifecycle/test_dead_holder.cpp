@@ -12,7 +12,6 @@
 
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 
 #include <vector>
 
@@ -22,12 +21,9 @@ namespace {
 
 struct HeldKey {
 	Dev dev{IBV_QPT_RC};
-	struct Page {
-		void *p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		~Page() { munmap(p, 4096); }
-		void *data() const { return p; }
-		size_t size() const { return 4096; }
-	} buf;
+	/* On the heap, beside other objects: the holder is fork()ed while it
+	 * is registered, and nothing the child does may reach these pages. */
+	std::vector<char> buf = std::vector<char>(4096);
 	struct ibv_mr *mr = nullptr;
 
 	HeldKey()
