@@ -175,6 +175,29 @@ struct PeerProc {
 	}
 };
 
+/*
+ * A passive target's first words: "<qpn> <rkey> <addr>", its QP number and
+ * the key and address of its registered buffer (print_target_address in
+ * the target; TargetPeer reads them in the test).
+ */
+inline void print_target_address(uint32_t qpn, uint32_t rkey, const void *addr)
+{
+	std::printf("%u %u %llu\n", qpn, rkey, (unsigned long long)uintptr_t(addr));
+}
+
+struct TargetPeer : PeerProc {
+	uint32_t qpn = 0, rkey = 0;
+	uint64_t addr = 0;
+
+	explicit TargetPeer(std::vector<std::string> argv) : PeerProc(std::move(argv))
+	{
+		std::string l = line();
+		unsigned long long a = 0;
+		REQUIRE(std::sscanf(l.c_str(), "%u %u %llu", &qpn, &rkey, &a) == 3);
+		addr = a;
+	}
+};
+
 /* The first device, opened (NEED-checked). */
 inline struct ibv_context *open_first_device()
 {

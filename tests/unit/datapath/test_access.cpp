@@ -118,8 +118,7 @@ int target_main(enum ibv_qp_type type, unsigned access)
 	std::memcpy(e.buf.data() + off_read, "read-me-please!", 16);
 	uint64_t hundred = 100;
 	std::memcpy(e.buf.data() + off_atomic, &hundred, 8);
-	std::printf("%u %u %llu\n", e.qp->qp_num, e.mr->rkey,
-		    (unsigned long long)uintptr_t(e.buf.data()));
+	shmv_test::print_target_address(e.qp->qp_num, e.mr->rkey, e.buf.data());
 	std::string line;
 	unsigned qpn = 0;
 	if (!read_line(stdin, line) || std::sscanf(line.c_str(), "connect %u", &qpn) != 1)
@@ -160,17 +159,11 @@ int target_main(enum ibv_qp_type type, unsigned access)
 	return 0;
 }
 
-struct TargetProc : shmv_test::PeerProc {
-	uint32_t qpn = 0, rkey = 0;
-	uint64_t addr = 0;
-
+struct TargetProc : shmv_test::TargetPeer {
 	TargetProc(enum ibv_qp_type type, unsigned access)
-		: PeerProc({"self", "--target", type == IBV_QPT_UC ? "uc" : "rc",
-			    std::to_string(access)})
+		: TargetPeer({"self", "--target", type == IBV_QPT_UC ? "uc" : "rc",
+			      std::to_string(access)})
 	{
-		unsigned long long a = 0;
-		REQUIRE(std::sscanf(line().c_str(), "%u %u %llu", &qpn, &rkey, &a) == 3);
-		addr = a;
 	}
 };
 

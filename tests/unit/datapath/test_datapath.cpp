@@ -195,8 +195,7 @@ int target_main(BufKind kind)
 	std::memset(n.buf.data(), 0, buf_size);
 	*reinterpret_cast<uint64_t *>(n.buf.data() + 1024) = 100; /* atomics target */
 	std::memcpy(n.buf.data() + 2048, "read-me-please!", 16);
-	std::printf("%u %u %llu\n", n.qp->qp_num, n.mr->rkey,
-		    (unsigned long long)uintptr_t(n.buf.data()));
+	shmv_test::print_target_address(n.qp->qp_num, n.mr->rkey, n.buf.data());
 	std::string line;
 	if (!read_line(stdin, line))
 		return 1;
@@ -281,17 +280,10 @@ int target_main(BufKind kind)
 	return 0;
 }
 
-struct TargetProc : shmv_test::PeerProc {
-	uint32_t qpn = 0, rkey = 0;
-	uint64_t addr = 0;
-
+struct TargetProc : shmv_test::TargetPeer {
 	explicit TargetProc(BufKind kind = BufKind::Heap)
-		: PeerProc({"self", "--target", kind == BufKind::File ? "file" : "heap"})
+		: TargetPeer({"self", "--target", kind == BufKind::File ? "file" : "heap"})
 	{
-		std::string l = line();
-		unsigned long long a = 0;
-		REQUIRE(std::sscanf(l.c_str(), "%u %u %llu", &qpn, &rkey, &a) == 3);
-		addr = a;
 	}
 };
 
