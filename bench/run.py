@@ -504,7 +504,9 @@ def markdown(info, agg, rows, failures, opts, elapsed, expected_missing):
             ratio = "-" if r["ratio"] is None else \
                 f"{fmt(r['ratio'])} ({fmt(r['ratio_min'])}-{fmt(r['ratio_max'])})"
             mark = "" if r["met"] is None else ("met" if r["met"] else "**missed**")
-            if r["target"] and r["ratio"] is None:
+            # A scale row may carry its verdict without a ratio (a count or a
+            # limit): "no data" only where there is no verdict either.
+            if r["target"] and r["ratio"] is None and r["met"] is None:
                 mark = "**no data**"
             out.append(f"| {r['label']} | {fmt(r['value'])} | {fmt(r['ref_value'])} | "
                        f"{r['unit'] or '-'} | {ratio} | {r['target'] or ''} | {mark} |")

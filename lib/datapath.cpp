@@ -666,7 +666,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	};
 
 	/* LOCAL_INV applies to bound memory windows and fast-registration MRs
-	 * only; this device has neither (binding is EOPNOTSUPP), and an MR of
+	 * only; this device offers neither (max_mw 0, ibv_alloc_mw EOPNOTSUPP); an MR of
 	 * ibv_reg_mr() is not invalidatable: a local operation error, as rxe
 	 * reports it (docs/verbs.md). BIND_MW through ibv_post_send lands
 	 * here too. */

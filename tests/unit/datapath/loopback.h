@@ -10,6 +10,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "../common/peer.h"
+
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -51,17 +53,10 @@ struct Pair {
 
 	explicit Pair(const Options &o = Options()) : opt(o)
 	{
-		int n = 0;
-		struct ibv_device **list = ibv_get_device_list(&n);
-		REQUIRE((list && n > 0));
-		ctx = ibv_open_device(list[0]);
-		ibv_free_device_list(list);
-		REQUIRE(ctx);
+		ctx = shmv_test::open_first_device();
 		pd = ibv_alloc_pd(ctx);
 		REQUIRE(pd);
-		struct ibv_port_attr pa{};
-		REQUIRE(ibv_query_port(ctx, 1, &pa) == 0);
-		lid = pa.lid;
+		lid = shmv_test::port_lid(ctx);
 		make(a);
 		make(b);
 	}
@@ -102,49 +97,12 @@ struct Pair {
 	/* INIT -> RTR -> RTS toward the other side (UD: no peer). */
 	static int up(Side &s, uint32_t dest, uint16_t lid, enum ibv_qp_type type, int rnr_retry = 7)
 	{
-		struct ibv_qp_attr a{};
-		a.qp_state = IBV_QPS_INIT;
-		a.port_num = 1;
-		int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-		if (type == IBV_QPT_UD) {
-			a.qkey = 0x1234;
-			mask |= IBV_QP_QKEY;
-		} else {
-			a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-					    IBV_ACCESS_REMOTE_ATOMIC;
-			mask |= IBV_QP_ACCESS_FLAGS;
-		}
-		if (int e = ibv_modify_qp(s.qp, &a, mask))
-			return e;
-		a = {};
-		a.qp_state = IBV_QPS_RTR;
-		mask = IBV_QP_STATE;
-		if (type != IBV_QPT_UD) {
-			a.path_mtu = IBV_MTU_1024;
-			a.dest_qp_num = dest;
-			a.ah_attr.dlid = lid;
-			a.ah_attr.port_num = 1;
-			mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-			if (type == IBV_QPT_RC) {
-				a.max_dest_rd_atomic = 1;
-				a.min_rnr_timer = 1;
-				mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-			}
-		}
-		if (int e = ibv_modify_qp(s.qp, &a, mask))
-			return e;
-		a = {};
-		a.qp_state = IBV_QPS_RTS;
-		mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-		if (type == IBV_QPT_RC) {
-			a.timeout = 10;
-			a.retry_cnt = 3;
-			a.rnr_retry = uint8_t(rnr_retry);
-			a.max_rd_atomic = 1;
-			mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				IBV_QP_MAX_QP_RD_ATOMIC;
-		}
-		return ibv_modify_qp(s.qp, &a, mask);
+		shmv_test::QpPath path;
+		path.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			      IBV_ACCESS_REMOTE_ATOMIC;
+		path.qkey = 0x1234;
+		path.rnr_retry = uint8_t(rnr_retry);
+		return shmv_test::qp_to_rts(s.qp, type, dest, lid, path);
 	}
 
 	void connect(int rnr_retry = 7)
@@ -163,18 +121,23 @@ struct Pair {
 		return ibv_post_recv(s.qp, &wr, &bad);
 	}
 
+	/* `wr` (its remote part: wr.wr) posted as one signaled `op` of 8
+	 * bytes from s.at(0). */
+	static int post8(Side &s, enum ibv_wr_opcode op, uint64_t wr_id, struct ibv_send_wr wr = {})
+	{
+		struct ibv_sge sg = {s.addr(0), 8, s.mr->lkey};
+		struct ibv_send_wr *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.opcode = op;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.sg_list = &sg;
+		wr.num_sge = 1;
+		return ibv_post_send(s.qp, &wr, &bad);
+	}
+
 	static bool wait_wc(Side &s, struct ibv_wc &wc, int ms = 10000)
 	{
-		auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-		while (std::chrono::steady_clock::now() < end) {
-			int n = ibv_poll_cq(s.cq, 1, &wc);
-			if (n == 1)
-				return true;
-			if (n < 0)
-				return false;
-			std::this_thread::sleep_for(std::chrono::microseconds(100));
-		}
-		return false;
+		return shmv_test::wait_wc(s.cq, wc, ms);
 	}
 
 	/* No completion within `ms`. */

@@ -15,9 +15,9 @@
 
 #include <infiniband/verbs.h>
 
+#include "../common/peer.h"
+
 #include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -38,16 +38,7 @@ constexpr uint32_t off_recv = 3072;   /* target: the WRITE_WITH_IMM's WQE */
 constexpr unsigned all_remote = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 				IBV_ACCESS_REMOTE_ATOMIC;
 
-bool in_target = false;
-#define NEED(c)                                 \
-	do {                                    \
-		if (in_target) {                \
-			if (!(c))               \
-				_exit(10);      \
-		} else {                        \
-			REQUIRE(c);             \
-		}                               \
-	} while (0)
+using shmv_test::read_line;
 
 /* One end: a QP of `type` whose MR grants every remote access, so that
  * only the QP's own access flags can refuse. */
@@ -63,12 +54,7 @@ struct End {
 
 	explicit End(enum ibv_qp_type t) : type(t)
 	{
-		int n = 0;
-		struct ibv_device **list = ibv_get_device_list(&n);
-		NEED((list && n > 0));
-		ctx = ibv_open_device(list[0]);
-		ibv_free_device_list(list);
-		NEED(ctx);
+		ctx = shmv_test::open_first_device();
 		pd = ibv_alloc_pd(ctx);
 		cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
 		NEED((pd && cq));
@@ -83,9 +69,7 @@ struct End {
 		qp = ibv_create_qp(pd, &a);
 		mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE | all_remote);
 		NEED((qp && mr));
-		struct ibv_port_attr pa{};
-		NEED(ibv_query_port(ctx, 1, &pa) == 0);
-		lid = pa.lid;
+		lid = shmv_test::port_lid(ctx);
 	}
 	~End()
 	{
@@ -98,38 +82,9 @@ struct End {
 
 	int connect(uint32_t dest, unsigned access)
 	{
-		struct ibv_qp_attr a{};
-		a.qp_state = IBV_QPS_INIT;
-		a.port_num = 1;
-		a.qp_access_flags = access;
-		if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-							  IBV_QP_ACCESS_FLAGS))
-			return e;
-		bool rc = type == IBV_QPT_RC;
-		a = {};
-		a.qp_state = IBV_QPS_RTR;
-		a.path_mtu = IBV_MTU_1024;
-		a.dest_qp_num = dest;
-		a.max_dest_rd_atomic = 1;
-		a.min_rnr_timer = 1;
-		a.ah_attr.dlid = lid;
-		a.ah_attr.port_num = 1;
-		if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-							  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-							  (rc ? IBV_QP_MAX_DEST_RD_ATOMIC |
-									IBV_QP_MIN_RNR_TIMER
-							      : 0)))
-			return e;
-		a = {};
-		a.qp_state = IBV_QPS_RTS;
-		a.timeout = 10;
-		a.retry_cnt = 3;
-		a.rnr_retry = 7;
-		a.max_rd_atomic = 1;
-		return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN |
-						     (rc ? IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-								   IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC
-							 : 0));
+		shmv_test::QpPath path;
+		path.access = access;
+		return shmv_test::qp_to_rts(qp, type, dest, lid, path);
 	}
 
 	int state()
@@ -147,15 +102,6 @@ struct End {
 	}
 };
 
-bool read_line(FILE *f, std::string &line)
-{
-	char b[256];
-	if (!fgets(b, sizeof(b), f))
-		return false;
-	line = b;
-	return true;
-}
-
 /*
  * Protocol (lines): the target prints "qpn rkey addr"; the test sends
  * "connect <qpn>", the target connects with the access flags of its command
@@ -166,14 +112,13 @@ bool read_line(FILE *f, std::string &line)
  */
 int target_main(enum ibv_qp_type type, unsigned access)
 {
-	in_target = true;
+	shmv_test::in_peer = true;
 	setvbuf(stdout, nullptr, _IOLBF, 0);
 	End e(type);
 	std::memcpy(e.buf.data() + off_read, "read-me-please!", 16);
 	uint64_t hundred = 100;
 	std::memcpy(e.buf.data() + off_atomic, &hundred, 8);
-	std::printf("%u %u %llu\n", e.qp->qp_num, e.mr->rkey,
-		    (unsigned long long)uintptr_t(e.buf.data()));
+	shmv_test::print_target_address(e.qp->qp_num, e.mr->rkey, e.buf.data());
 	std::string line;
 	unsigned qpn = 0;
 	if (!read_line(stdin, line) || std::sscanf(line.c_str(), "connect %u", &qpn) != 1)
@@ -214,61 +159,11 @@ int target_main(enum ibv_qp_type type, unsigned access)
 	return 0;
 }
 
-struct TargetProc {
-	pid_t pid = -1;
-	FILE *to = nullptr, *from = nullptr;
-	uint32_t qpn = 0, rkey = 0;
-	uint64_t addr = 0;
-
+struct TargetProc : shmv_test::TargetPeer {
 	TargetProc(enum ibv_qp_type type, unsigned access)
+		: TargetPeer({"self", "--target", type == IBV_QPT_UC ? "uc" : "rc",
+			      std::to_string(access)})
 	{
-		int in[2], out[2];
-		REQUIRE(pipe(in) == 0);
-		REQUIRE(pipe(out) == 0);
-		pid = fork();
-		REQUIRE(pid >= 0);
-		if (pid == 0) {
-			dup2(in[0], 0);
-			dup2(out[1], 1);
-			close(in[1]);
-			close(out[0]);
-			std::string flags = std::to_string(access);
-			execl("/proc/self/exe", "unit-access", "--target",
-			      type == IBV_QPT_UC ? "uc" : "rc", flags.c_str(), nullptr);
-			_exit(127);
-		}
-		close(in[0]);
-		close(out[1]);
-		to = fdopen(in[1], "w");
-		from = fdopen(out[0], "r");
-		setvbuf(to, nullptr, _IOLBF, 0);
-		unsigned long long a = 0;
-		REQUIRE(std::sscanf(line().c_str(), "%u %u %llu", &qpn, &rkey, &a) == 3);
-		addr = a;
-	}
-	std::string line(int ms = 15000)
-	{
-		struct pollfd p = {fileno(from), POLLIN, 0};
-		if (poll(&p, 1, ms) != 1)
-			return "timeout";
-		std::string l;
-		return read_line(from, l) ? l : "eof";
-	}
-	std::string ask(const std::string &s)
-	{
-		std::fprintf(to, "%s\n", s.c_str());
-		return line();
-	}
-	~TargetProc()
-	{
-		if (pid > 0) {
-			kill(pid, SIGKILL);
-			waitpid(pid, nullptr, 0);
-		}
-		if (to)
-			fclose(to);
-		if (from)
-			fclose(from);
 	}
 };
 
@@ -310,17 +205,9 @@ struct Link {
 		std::memcpy(n.buf.data(), "remote-write-ok!", 16);
 		if (ibv_post_send(n.qp, &wr, &bad))
 			return -1;
-		auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
 		struct ibv_wc wc{};
-		while (std::chrono::steady_clock::now() < end) {
-			int k = ibv_poll_cq(n.cq, 1, &wc);
-			if (k == 1)
-				return wc.status;
-			if (k < 0)
-				return -2;
-			std::this_thread::sleep_for(std::chrono::microseconds(100));
-		}
-		return -3;
+		int k = shmv_test::poll_one(n.cq, wc);
+		return k == 1 ? int(wc.status) : k < 0 ? -2 : -3;
 	}
 
 	/* What the operation left where it works, at both ends. */

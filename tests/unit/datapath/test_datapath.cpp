@@ -12,6 +12,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "../common/peer.h"
+
 #include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
@@ -39,17 +41,9 @@ namespace {
 
 constexpr size_t buf_size = 4096;
 
-/* The target process has no Catch2 session: it exits on a failed need. */
-bool in_target = false;
-#define NEED(c)                                 \
-	do {                                    \
-		if (in_target) {                \
-			if (!(c))               \
-				_exit(10);      \
-		} else {                        \
-			REQUIRE(c);             \
-		}                               \
-	} while (0)
+/* The target process has no Catch2 session: NEED (../common/peer.h)
+ * exits there on a failure. */
+using shmv_test::read_line;
 
 /*
  * The registered buffer. Heap memory can be made shareable; a file-backed
@@ -101,12 +95,7 @@ struct Node {
 
 	explicit Node(bool with_channel = false, BufKind kind = BufKind::Heap) : buf(kind)
 	{
-		int n = 0;
-		struct ibv_device **list = ibv_get_device_list(&n);
-		NEED((list && n > 0));
-		ctx = ibv_open_device(list[0]);
-		ibv_free_device_list(list);
-		NEED(ctx);
+		ctx = shmv_test::open_first_device();
 		pd = ibv_alloc_pd(ctx);
 		if (with_channel)
 			ch = ibv_create_comp_channel(ctx);
@@ -127,42 +116,17 @@ struct Node {
 				IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
 					IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
 		NEED(mr);
-		struct ibv_port_attr pa{};
-		NEED(ibv_query_port(ctx, 1, &pa) == 0);
-		lid = pa.lid;
+		lid = shmv_test::port_lid(ctx);
 	}
 
 	int connect(uint32_t dest, int rnr_retry = 7, int min_rnr_timer = 1)
 	{
-		struct ibv_qp_attr a{};
-		a.qp_state = IBV_QPS_INIT;
-		a.port_num = 1;
-		a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-				    IBV_ACCESS_REMOTE_ATOMIC;
-		if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-							  IBV_QP_ACCESS_FLAGS))
-			return e;
-		a = {};
-		a.qp_state = IBV_QPS_RTR;
-		a.path_mtu = IBV_MTU_1024;
-		a.dest_qp_num = dest;
-		a.max_dest_rd_atomic = 1;
-		a.min_rnr_timer = uint8_t(min_rnr_timer);
-		a.ah_attr.dlid = lid;
-		a.ah_attr.port_num = 1;
-		if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-							  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-							  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-			return e;
-		a = {};
-		a.qp_state = IBV_QPS_RTS;
-		a.timeout = 10; /* 4 ms */
-		a.retry_cnt = 3;
-		a.rnr_retry = uint8_t(rnr_retry);
-		a.max_rd_atomic = 1;
-		return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-						     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-						     IBV_QP_MAX_QP_RD_ATOMIC);
+		shmv_test::QpPath path;
+		path.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			      IBV_ACCESS_REMOTE_ATOMIC;
+		path.rnr_retry = uint8_t(rnr_retry);
+		path.min_rnr_timer = uint8_t(min_rnr_timer);
+		return shmv_test::qp_to_rts(qp, IBV_QPT_RC, dest, lid, path);
 	}
 
 	int post_recv(uint64_t wr_id, uint32_t off, uint32_t len)
@@ -176,19 +140,7 @@ struct Node {
 	}
 
 	/* Waits (bounded) for one completion. */
-	bool wait_wc(struct ibv_wc &wc, int ms = 10000)
-	{
-		auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-		while (std::chrono::steady_clock::now() < end) {
-			int n = ibv_poll_cq(cq, 1, &wc);
-			if (n == 1)
-				return true;
-			if (n < 0)
-				return false;
-			std::this_thread::sleep_for(std::chrono::microseconds(100));
-		}
-		return false;
-	}
+	bool wait_wc(struct ibv_wc &wc, int ms = 10000) { return shmv_test::wait_wc(cq, wc, ms); }
 
 	~Node()
 	{
@@ -228,15 +180,6 @@ bool mapped_from(pid_t pid, uintptr_t addr, const char *name)
 	return found;
 }
 
-bool read_line(FILE *f, std::string &line)
-{
-	char b[256];
-	if (!fgets(b, sizeof(b), f))
-		return false;
-	line = b;
-	return true;
-}
-
 /*
  * Protocol (lines): target prints "qpn rkey addr"; the test sends
  * "connect <qpn> <post_recvs>"; target prints "ready" and then blocks in
@@ -246,14 +189,13 @@ bool read_line(FILE *f, std::string &line)
  */
 int target_main(BufKind kind)
 {
-	in_target = true;
+	shmv_test::in_peer = true;
 	setvbuf(stdout, nullptr, _IOLBF, 0);
 	Node n(true, kind);
 	std::memset(n.buf.data(), 0, buf_size);
 	*reinterpret_cast<uint64_t *>(n.buf.data() + 1024) = 100; /* atomics target */
 	std::memcpy(n.buf.data() + 2048, "read-me-please!", 16);
-	std::printf("%u %u %llu\n", n.qp->qp_num, n.mr->rkey,
-		    (unsigned long long)uintptr_t(n.buf.data()));
+	shmv_test::print_target_address(n.qp->qp_num, n.mr->rkey, n.buf.data());
 	std::string line;
 	if (!read_line(stdin, line))
 		return 1;
@@ -338,57 +280,10 @@ int target_main(BufKind kind)
 	return 0;
 }
 
-struct TargetProc {
-	pid_t pid = -1;
-	FILE *to = nullptr, *from = nullptr;
-	uint32_t qpn = 0, rkey = 0;
-	uint64_t addr = 0;
-
+struct TargetProc : shmv_test::TargetPeer {
 	explicit TargetProc(BufKind kind = BufKind::Heap)
+		: TargetPeer({"self", "--target", kind == BufKind::File ? "file" : "heap"})
 	{
-		int in[2], out[2];
-		REQUIRE(pipe(in) == 0);
-		REQUIRE(pipe(out) == 0);
-		pid = fork();
-		REQUIRE(pid >= 0);
-		if (pid == 0) {
-			dup2(in[0], 0);
-			dup2(out[1], 1);
-			close(in[1]);
-			close(out[0]);
-			execl("/proc/self/exe", "unit-datapath", "--target",
-			      kind == BufKind::File ? "file" : "heap", nullptr);
-			_exit(127);
-		}
-		close(in[0]);
-		close(out[1]);
-		to = fdopen(in[1], "w");
-		from = fdopen(out[0], "r");
-		setvbuf(to, nullptr, _IOLBF, 0);
-		std::string l = line();
-		unsigned long long a = 0;
-		REQUIRE(std::sscanf(l.c_str(), "%u %u %llu", &qpn, &rkey, &a) == 3);
-		addr = a;
-	}
-	std::string line(int ms = 15000)
-	{
-		struct pollfd p = {fileno(from), POLLIN, 0};
-		if (poll(&p, 1, ms) != 1)
-			return "timeout";
-		std::string l;
-		return read_line(from, l) ? l : "eof";
-	}
-	void send(const std::string &s) { std::fprintf(to, "%s\n", s.c_str()); }
-	~TargetProc()
-	{
-		if (pid > 0) {
-			kill(pid, SIGKILL);
-			waitpid(pid, nullptr, 0);
-		}
-		if (to)
-			fclose(to);
-		if (from)
-			fclose(from);
 	}
 };
 

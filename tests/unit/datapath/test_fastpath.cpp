@@ -23,16 +23,10 @@ bool fired(struct ibv_comp_channel *ch, int ms)
 int post_signaled(Side &s, enum ibv_wr_opcode op, uint64_t wr_id, uint64_t remote = 0,
 		  uint32_t rkey = 0)
 {
-	struct ibv_sge sge = {s.addr(0), 8, s.mr->lkey};
-	struct ibv_send_wr wr{}, *bad = nullptr;
-	wr.wr_id = wr_id;
-	wr.opcode = op;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
+	struct ibv_send_wr wr{};
 	wr.wr.rdma.remote_addr = remote;
 	wr.wr.rdma.rkey = rkey;
-	return ibv_post_send(s.qp, &wr, &bad);
+	return Pair::post8(s, op, wr_id, wr);
 }
 
 } // namespace

@@ -14,17 +14,11 @@ namespace {
 int post_send(Side &s, enum ibv_wr_opcode op, uint64_t wr_id, uint32_t remote_qpn = 0,
 	      struct ibv_ah *ah = nullptr, uint32_t qkey = 0)
 {
-	struct ibv_sge sg = {s.addr(0), 8, s.mr->lkey};
-	struct ibv_send_wr wr{}, *bad = nullptr;
-	wr.wr_id = wr_id;
-	wr.opcode = op;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.sg_list = &sg;
-	wr.num_sge = 1;
+	struct ibv_send_wr wr{};
 	wr.wr.ud.ah = ah;
 	wr.wr.ud.remote_qpn = remote_qpn;
 	wr.wr.ud.remote_qkey = qkey;
-	return ibv_post_send(s.qp, &wr, &bad);
+	return Pair::post8(s, op, wr_id, wr);
 }
 
 } // namespace

@@ -9,9 +9,9 @@
 
 #include <infiniband/verbs.h>
 
+#include "../common/peer.h"
+
 #include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,16 +25,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool in_peer = false;
-#define NEED(c)                           \
-	do {                              \
-		if (in_peer) {            \
-			if (!(c))         \
-				_exit(10); \
-		} else {                  \
-			REQUIRE(c);       \
-		}                         \
-	} while (0)
+using shmv_test::in_peer;
+using shmv_test::poll_one;
 
 struct Dev {
 	struct ibv_context *ctx = nullptr;
@@ -44,12 +36,7 @@ struct Dev {
 	struct ibv_port_attr port{};
 	Dev()
 	{
-		int n = 0;
-		struct ibv_device **list = ibv_get_device_list(&n);
-		NEED((list && n > 0));
-		ctx = ibv_open_device(list[0]);
-		ibv_free_device_list(list);
-		NEED(ctx);
+		ctx = shmv_test::open_first_device();
 		pd = ibv_alloc_pd(ctx);
 		mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
 		NEED(mr);
@@ -71,18 +58,6 @@ struct Dev {
 	}
 };
 
-int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 10000)
-{
-	auto end = Clock::now() + std::chrono::milliseconds(ms);
-	while (Clock::now() < end) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n)
-			return n;
-		std::this_thread::sleep_for(std::chrono::microseconds(100));
-	}
-	return 0;
-}
-
 bool wait_async(struct ibv_context *ctx, enum ibv_event_type type, void *element, int ms = 10000)
 {
 	auto end = Clock::now() + std::chrono::milliseconds(ms);
@@ -101,49 +76,13 @@ bool wait_async(struct ibv_context *ctx, enum ibv_event_type type, void *element
 	return false;
 }
 
+/* To RTS (XRC_RECV: RTR), granting no remote access. */
 int to_rts(struct ibv_qp *qp, enum ibv_qp_type type, uint32_t dest = 0, uint16_t dlid = 0,
 	   uint32_t qkey = 0x11111111)
 {
-	struct ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-	if (type == IBV_QPT_UD) {
-		a.qkey = qkey;
-		mask |= IBV_QP_QKEY;
-	} else {
-		mask |= IBV_QP_ACCESS_FLAGS;
-	}
-	if (int e = ibv_modify_qp(qp, &a, mask))
-		return e;
-	a = {};
-	a.qp_state = IBV_QPS_RTR;
-	mask = IBV_QP_STATE;
-	if (type != IBV_QPT_UD) {
-		a.path_mtu = IBV_MTU_1024;
-		a.dest_qp_num = dest;
-		a.min_rnr_timer = 1;
-		a.max_dest_rd_atomic = 1;
-		a.ah_attr.dlid = dlid;
-		a.ah_attr.port_num = 1;
-		mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-			IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-	}
-	if (int e = ibv_modify_qp(qp, &a, mask))
-		return e;
-	if (type == IBV_QPT_XRC_RECV)
-		return 0;
-	a = {};
-	a.qp_state = IBV_QPS_RTS;
-	mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-	if (type != IBV_QPT_UD) {
-		a.timeout = 10;
-		a.retry_cnt = 3;
-		a.rnr_retry = 7;
-		a.max_rd_atomic = 1;
-		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-	}
-	return ibv_modify_qp(qp, &a, mask);
+	shmv_test::QpPath path;
+	path.qkey = qkey;
+	return shmv_test::qp_to_rts(qp, type, dest, dlid, path);
 }
 
 struct ibv_qp *make_qp(Dev &d, struct ibv_cq *cq, enum ibv_qp_type type, struct ibv_srq *srq = nullptr)
@@ -158,6 +97,53 @@ struct ibv_qp *make_qp(Dev &d, struct ibv_cq *cq, enum ibv_qp_type type, struct 
 	a.cap.max_send_sge = 2;
 	a.cap.max_recv_sge = srq ? 0 : 2;
 	return ibv_create_qp(d.pd, &a);
+}
+
+/* XRC pieces: a process-private XRCD, an XRC SRQ of 8 WRs (1 SGE) on
+ * `cq` and d's PD, an XRC_RECV QP of the XRCD, an XRC_SEND QP (8 WRs) on
+ * `cq`. Each returns nullptr on failure: the callers check. */
+struct ibv_xrcd *open_xrcd(Dev &d)
+{
+	struct ibv_xrcd_init_attr xa{};
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.fd = -1;
+	return ibv_open_xrcd(d.ctx, &xa);
+}
+
+struct ibv_srq *make_xrc_srq(Dev &d, struct ibv_xrcd *xrcd, struct ibv_cq *cq)
+{
+	struct ibv_srq_init_attr_ex sa{};
+	sa.attr.max_wr = 8;
+	sa.attr.max_sge = 1;
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+		       IBV_SRQ_INIT_ATTR_PD;
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.xrcd = xrcd;
+	sa.cq = cq;
+	sa.pd = d.pd;
+	return ibv_create_srq_ex(d.ctx, &sa);
+}
+
+struct ibv_qp *make_xrc_recv(Dev &d, struct ibv_xrcd *xrcd)
+{
+	struct ibv_qp_init_attr_ex qa{};
+	qa.qp_type = IBV_QPT_XRC_RECV;
+	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	qa.xrcd = xrcd;
+	return ibv_create_qp_ex(d.ctx, &qa);
+}
+
+struct ibv_qp *make_xrc_send(Dev &d, struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr_ex qa{};
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	qa.send_cq = cq;
+	qa.recv_cq = cq;
+	qa.cap.max_send_wr = 8;
+	qa.cap.max_send_sge = 1;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qa.pd = d.pd;
+	return ibv_create_qp_ex(d.ctx, &qa);
 }
 
 int send(struct ibv_qp *qp, struct ibv_sge s, uint64_t wr_id, struct ibv_ah *ah = nullptr,
@@ -197,14 +183,7 @@ int post_rq(struct ibv_qp *qp, struct ibv_sge s, uint64_t wr_id)
 
 /* ---- Peer processes ---- */
 
-bool read_line(std::string &line)
-{
-	char b[256];
-	if (!fgets(b, sizeof(b), stdin))
-		return false;
-	line = b;
-	return true;
-}
+bool read_line(std::string &line) { return shmv_test::read_line(stdin, line); }
 
 /* XRC target: XRC SRQ + XRC_RECV QP; prints "<recv qpn> <srqn>", then on
  * any line prints its receive completions and "done". */
@@ -212,27 +191,11 @@ int peer_xrc()
 {
 	Dev d;
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_xrcd_init_attr xa{};
-	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-	xa.fd = -1;
-	struct ibv_xrcd *xrcd = ibv_open_xrcd(d.ctx, &xa);
+	struct ibv_xrcd *xrcd = open_xrcd(d);
 	NEED((cq && xrcd));
-	struct ibv_srq_init_attr_ex sa{};
-	sa.attr.max_wr = 8;
-	sa.attr.max_sge = 1;
-	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
-		       IBV_SRQ_INIT_ATTR_PD;
-	sa.srq_type = IBV_SRQT_XRC;
-	sa.xrcd = xrcd;
-	sa.cq = cq;
-	sa.pd = d.pd;
-	struct ibv_srq *srq = ibv_create_srq_ex(d.ctx, &sa);
+	struct ibv_srq *srq = make_xrc_srq(d, xrcd, cq);
 	NEED(srq);
-	struct ibv_qp_init_attr_ex qa{};
-	qa.qp_type = IBV_QPT_XRC_RECV;
-	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-	qa.xrcd = xrcd;
-	struct ibv_qp *qp = ibv_create_qp_ex(d.ctx, &qa);
+	struct ibv_qp *qp = make_xrc_recv(d, xrcd);
 	NEED(qp);
 	std::string line;
 	uint32_t srqn = 0;
@@ -282,48 +245,8 @@ int peer_mcast()
 	return 0;
 }
 
-struct Peer {
-	pid_t pid = -1;
-	FILE *to = nullptr, *from = nullptr;
-	explicit Peer(const char *mode)
-	{
-		int in[2], out[2];
-		REQUIRE(pipe(in) == 0);
-		REQUIRE(pipe(out) == 0);
-		pid = fork();
-		REQUIRE(pid >= 0);
-		if (pid == 0) {
-			dup2(in[0], 0);
-			dup2(out[1], 1);
-			execl("/proc/self/exe", "unit-udsrq", "--peer", mode, nullptr);
-			_exit(127);
-		}
-		close(in[0]);
-		close(out[1]);
-		to = fdopen(in[1], "w");
-		from = fdopen(out[0], "r");
-		setvbuf(to, nullptr, _IOLBF, 0);
-	}
-	std::string line(int ms = 15000)
-	{
-		struct pollfd p = {fileno(from), POLLIN, 0};
-		if (poll(&p, 1, ms) != 1)
-			return "timeout";
-		char b[256];
-		return fgets(b, sizeof(b), from) ? std::string(b) : "eof";
-	}
-	void send(const std::string &s) { std::fprintf(to, "%s\n", s.c_str()); }
-	~Peer()
-	{
-		if (pid > 0) {
-			kill(pid, SIGKILL);
-			waitpid(pid, nullptr, 0);
-		}
-		if (to)
-			fclose(to);
-		if (from)
-			fclose(from);
-	}
+struct Peer : shmv_test::PeerProc {
+	explicit Peer(const char *mode) : PeerProc({"self", "--peer", mode}) {}
 };
 
 } // namespace
@@ -468,15 +391,7 @@ TEST_CASE("XRC_SEND reaches an XRC SRQ in another process through its XRC_RECV Q
 	REQUIRE(std::sscanf(l.c_str(), "%u %u %u", &rqpn, &srqn, &lid) == 3);
 	Dev d;
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_qp_init_attr_ex qa{};
-	qa.qp_type = IBV_QPT_XRC_SEND;
-	qa.send_cq = cq;
-	qa.recv_cq = cq;
-	qa.cap.max_send_wr = 8;
-	qa.cap.max_send_sge = 1;
-	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
-	qa.pd = d.pd;
-	struct ibv_qp *qp = ibv_create_qp_ex(d.ctx, &qa);
+	struct ibv_qp *qp = make_xrc_send(d, cq);
 	REQUIRE(qp);
 	peer.send(std::to_string(qp->qp_num));
 	REQUIRE(peer.line() == "ready\n");
@@ -505,58 +420,20 @@ TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR
 	Dev d;
 	struct ibv_pd *other = ibv_alloc_pd(d.ctx);
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_xrcd_init_attr xa{};
-	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-	xa.fd = -1;
-	struct ibv_xrcd *xrcd = ibv_open_xrcd(d.ctx, &xa);
+	struct ibv_xrcd *xrcd = open_xrcd(d);
 	REQUIRE((other && cq && xrcd));
-	struct ibv_srq_init_attr_ex sa{};
-	sa.attr.max_wr = 8;
-	sa.attr.max_sge = 1;
-	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
-		       IBV_SRQ_INIT_ATTR_PD;
-	sa.srq_type = IBV_SRQT_XRC;
-	sa.xrcd = xrcd;
-	sa.cq = cq;
-	sa.pd = d.pd;
-	struct ibv_srq *srq = ibv_create_srq_ex(d.ctx, &sa);
+	struct ibv_srq *srq = make_xrc_srq(d, xrcd, cq);
 	REQUIRE(srq);
 	uint32_t srqn = 0;
 	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
-	struct ibv_qp_init_attr_ex qa{};
-	qa.qp_type = IBV_QPT_XRC_RECV;
-	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-	qa.xrcd = xrcd;
-	struct ibv_qp *rqp = ibv_create_qp_ex(d.ctx, &qa);
-	qa = {};
-	qa.qp_type = IBV_QPT_XRC_SEND;
-	qa.send_cq = cq;
-	qa.recv_cq = cq;
-	qa.cap.max_send_wr = 8;
-	qa.cap.max_send_sge = 1;
-	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
-	qa.pd = d.pd;
-	struct ibv_qp *sqp = ibv_create_qp_ex(d.ctx, &qa);
+	struct ibv_qp *rqp = make_xrc_recv(d, xrcd);
+	struct ibv_qp *sqp = make_xrc_send(d, cq);
 	REQUIRE((rqp && sqp));
 	/* The responder's QP grants remote access (to_rts grants none). */
-	struct ibv_qp_attr ra{};
-	ra.qp_state = IBV_QPS_INIT;
-	ra.port_num = 1;
-	ra.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-			     IBV_ACCESS_REMOTE_ATOMIC;
-	REQUIRE(ibv_modify_qp(rqp, &ra, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					       IBV_QP_ACCESS_FLAGS) == 0);
-	ra = {};
-	ra.qp_state = IBV_QPS_RTR;
-	ra.path_mtu = IBV_MTU_1024;
-	ra.dest_qp_num = sqp->qp_num;
-	ra.min_rnr_timer = 1;
-	ra.max_dest_rd_atomic = 1;
-	ra.ah_attr.dlid = d.port.lid;
-	ra.ah_attr.port_num = 1;
-	REQUIRE(ibv_modify_qp(rqp, &ra, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-					       IBV_QP_MIN_RNR_TIMER) == 0);
+	shmv_test::QpPath responder;
+	responder.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			   IBV_ACCESS_REMOTE_ATOMIC;
+	REQUIRE(shmv_test::qp_to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid, responder) == 0);
 	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
 	const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 			   IBV_ACCESS_REMOTE_ATOMIC;
@@ -611,38 +488,14 @@ TEST_CASE("XRC: a WRITE the XRC_RECV QP did not enable is a remote access error"
 	 * none); the test above grants them there and not on the XRC_SEND QP. */
 	Dev d;
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_xrcd_init_attr xa{};
-	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-	xa.fd = -1;
-	struct ibv_xrcd *xrcd = ibv_open_xrcd(d.ctx, &xa);
+	struct ibv_xrcd *xrcd = open_xrcd(d);
 	REQUIRE((cq && xrcd));
-	struct ibv_srq_init_attr_ex sa{};
-	sa.attr.max_wr = 8;
-	sa.attr.max_sge = 1;
-	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
-		       IBV_SRQ_INIT_ATTR_PD;
-	sa.srq_type = IBV_SRQT_XRC;
-	sa.xrcd = xrcd;
-	sa.cq = cq;
-	sa.pd = d.pd;
-	struct ibv_srq *srq = ibv_create_srq_ex(d.ctx, &sa);
+	struct ibv_srq *srq = make_xrc_srq(d, xrcd, cq);
 	REQUIRE(srq);
 	uint32_t srqn = 0;
 	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
-	struct ibv_qp_init_attr_ex qa{};
-	qa.qp_type = IBV_QPT_XRC_RECV;
-	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-	qa.xrcd = xrcd;
-	struct ibv_qp *rqp = ibv_create_qp_ex(d.ctx, &qa);
-	qa = {};
-	qa.qp_type = IBV_QPT_XRC_SEND;
-	qa.send_cq = cq;
-	qa.recv_cq = cq;
-	qa.cap.max_send_wr = 8;
-	qa.cap.max_send_sge = 1;
-	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
-	qa.pd = d.pd;
-	struct ibv_qp *sqp = ibv_create_qp_ex(d.ctx, &qa);
+	struct ibv_qp *rqp = make_xrc_recv(d, xrcd);
+	struct ibv_qp *sqp = make_xrc_send(d, cq);
 	REQUIRE((rqp && sqp));
 	REQUIRE(to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
 	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);

@@ -4,6 +4,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "../common/peer.h"
+
 #include <sys/types.h>
 
 #include <atomic>
@@ -18,46 +20,19 @@
 
 namespace lifecycle {
 
-/* Set in a peer process, which has no Catch2 session: there a failed need
- * exits (status 10) instead of REQUIRE (which needs a session even to
- * pass). */
-extern bool in_peer;
-#define NEED(c)                                                                        \
-	do {                                                                           \
-		if (::lifecycle::in_peer) {                                            \
-			if (!(c)) {                                                    \
-				std::fprintf(stderr, "peer: %s failed (%s:%d)\n", #c, \
-					     __FILE__, __LINE__);                       \
-				std::_Exit(10);                                        \
-			}                                                              \
-		} else {                                                               \
-			REQUIRE(c);                                                    \
-		}                                                                      \
-	} while (0)
+/* Set in a peer process: NEED (../common/peer.h) exits there instead of
+ * REQUIRE. */
+using shmv_test::in_peer;
 
 /* The peer side of the binary (--peer ROLE ARGS): peers.cpp. */
 int peer_main(const char *role, int argc, char **argv);
 
 /* A child process (this binary as a peer, or another program) whose stdin
- * and stdout are pipes to us. Killed (SIGKILL) and reaped at scope end. */
-struct Proc {
-	pid_t pid = -1;
-	FILE *to = nullptr, *from = nullptr;
-
+ * and stdout are pipes to us; its lines come without their newline. Killed
+ * (SIGKILL) and reaped at scope end. */
+struct Proc : shmv_test::PeerProc {
 	/* argv[0] is the program; "self" re-executes this binary. */
-	explicit Proc(std::vector<std::string> argv);
-	~Proc();
-	Proc(const Proc &) = delete;
-	Proc &operator=(const Proc &) = delete;
-
-	/* The next line without its newline, "timeout" or "eof". */
-	std::string line(int ms = 15000);
-	void send(const std::string &s);
-	/* Waits (bounded) for the child to stop (SIGSTOP) or exit: true if it
-	 * stopped. */
-	bool wait_stopped(int ms = 10000);
-	/* Reaps the child (bounded); its exit status or -1. */
-	int reap(int ms = 10000);
+	explicit Proc(std::vector<std::string> argv) : PeerProc(std::move(argv), Lines::Trimmed) {}
 };
 
 /* An open device with a PD, a CQ (with a completion channel if asked)
@@ -91,6 +66,23 @@ struct PageBuf {
 	PageBuf(const PageBuf &) = delete;
 	PageBuf &operator=(const PageBuf &) = delete;
 	uint64_t addr(size_t off = 0) const { return uint64_t(uintptr_t(p + off)); }
+};
+
+/* A SEND of 16 bytes from b + 2048 (UD: to qpn through ah, ud_qkey). */
+int post_send(struct ibv_qp *qp, struct ibv_mr *mr, const PageBuf &b, uint64_t wr_id,
+	      struct ibv_ah *ah = nullptr, uint32_t qpn = 0);
+
+/* A UD Dev with a registered PageBuf and an AH to its own port. */
+struct UdEnd {
+	Dev dev{IBV_QPT_UD};
+	PageBuf buf;
+	struct ibv_mr *mr = nullptr;
+	struct ibv_ah *ah = nullptr;
+
+	UdEnd();
+	~UdEnd();
+	UdEnd(const UdEnd &) = delete;
+	UdEnd &operator=(const UdEnd &) = delete;
 };
 
 /* A call running in a thread of its own, so that a test can watch it

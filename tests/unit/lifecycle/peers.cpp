@@ -15,16 +15,10 @@ namespace lifecycle {
 
 namespace {
 
+/* One completion within ms (polled every 200 us). */
 bool wait_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 10000)
 {
-	auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-	while (std::chrono::steady_clock::now() < end) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n)
-			return n == 1;
-		std::this_thread::sleep_for(std::chrono::microseconds(200));
-	}
-	return false;
+	return shmv_test::poll_one(cq, wc, ms, std::chrono::microseconds(200)) == 1;
 }
 
 /* A UD QP whose CQ has a completion channel: prints "qpn N", receives one

@@ -21,10 +21,7 @@ using namespace lifecycle;
 
 namespace {
 
-bool wait_wc(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 10000)
-{
-	return eventually([&] { return ibv_poll_cq(cq, 1, &wc) == 1; }, ms);
-}
+using shmv_test::wait_wc;
 
 int post_recv(struct ibv_qp *qp, struct ibv_mr *mr, const PageBuf &b, uint64_t wr_id)
 {
@@ -35,48 +32,6 @@ int post_recv(struct ibv_qp *qp, struct ibv_mr *mr, const PageBuf &b, uint64_t w
 	wr.num_sge = 1;
 	return ibv_post_recv(qp, &wr, &bad);
 }
-
-/* A SEND of 16 bytes from b + 2048 (UD: to qpn through ah). */
-int post_send(struct ibv_qp *qp, struct ibv_mr *mr, const PageBuf &b, uint64_t wr_id,
-	      struct ibv_ah *ah = nullptr, uint32_t qpn = 0)
-{
-	struct ibv_sge sge = {b.addr(2048), 16, mr->lkey};
-	struct ibv_send_wr wr{}, *bad = nullptr;
-	wr.wr_id = wr_id;
-	wr.opcode = IBV_WR_SEND;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.wr.ud.ah = ah;
-	wr.wr.ud.remote_qpn = qpn;
-	wr.wr.ud.remote_qkey = ud_qkey;
-	return ibv_post_send(qp, &wr, &bad);
-}
-
-struct UdEnd {
-	Dev dev{IBV_QPT_UD};
-	PageBuf buf;
-	struct ibv_mr *mr = nullptr;
-	struct ibv_ah *ah = nullptr;
-
-	UdEnd()
-	{
-		mr = ibv_reg_mr(dev.pd, buf.p, buf.n, IBV_ACCESS_LOCAL_WRITE);
-		NEED(mr);
-		struct ibv_ah_attr aa{};
-		aa.dlid = dev.lid;
-		aa.port_num = 1;
-		ah = ibv_create_ah(dev.pd, &aa);
-		NEED(ah);
-	}
-	~UdEnd()
-	{
-		if (ah)
-			ibv_destroy_ah(ah);
-		if (mr)
-			ibv_dereg_mr(mr);
-	}
-};
 
 int child_failures = 0;
 void expect(bool ok, const char *what)

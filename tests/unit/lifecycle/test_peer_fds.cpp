@@ -17,28 +17,7 @@ using namespace lifecycle;
 
 namespace {
 
-struct Sender {
-	Dev dev{IBV_QPT_UD};
-	std::vector<char> buf = std::vector<char>(64);
-	struct ibv_mr *mr = nullptr;
-	struct ibv_ah *ah = nullptr;
-
-	Sender()
-	{
-		mr = ibv_reg_mr(dev.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
-		REQUIRE(mr);
-		struct ibv_ah_attr aa{};
-		aa.dlid = dev.lid;
-		aa.port_num = 1;
-		ah = ibv_create_ah(dev.pd, &aa);
-		REQUIRE(ah);
-	}
-	~Sender()
-	{
-		ibv_destroy_ah(ah);
-		ibv_dereg_mr(mr);
-	}
-
+struct Sender : UdEnd {
 	/* One SEND to a new peer; it exits (or is killed, `kill`) after it. */
 	void talk_to_a_peer(bool kill_it)
 	{
@@ -46,16 +25,7 @@ struct Sender {
 		unsigned qpn = 0;
 		std::string l = peer.line();
 		REQUIRE(std::sscanf(l.c_str(), "qpn %u", &qpn) == 1);
-		struct ibv_sge sge = {uint64_t(uintptr_t(buf.data())), 16, mr->lkey};
-		struct ibv_send_wr wr{}, *bad = nullptr;
-		wr.opcode = IBV_WR_SEND;
-		wr.send_flags = IBV_SEND_SIGNALED;
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		wr.wr.ud.ah = ah;
-		wr.wr.ud.remote_qpn = qpn;
-		wr.wr.ud.remote_qkey = ud_qkey;
-		REQUIRE(ibv_post_send(dev.qp, &wr, &bad) == 0);
+		REQUIRE(post_send(dev.qp, mr, buf, 0, ah, qpn) == 0);
 		struct ibv_wc wc{};
 		REQUIRE(eventually([&] { return ibv_poll_cq(dev.cq, 1, &wc) == 1; }));
 		CHECK(wc.status == IBV_WC_SUCCESS);

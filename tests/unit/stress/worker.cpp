@@ -2,6 +2,8 @@
 /* The stress worker: setup, exchange, receives, completions (worker.h). */
 #include "worker.h"
 
+#include "../common/qp_path.h"
+
 namespace stress {
 
 void Worker::fail(const char *fmt, ...)
@@ -293,53 +295,17 @@ void Worker::exchange()
 
 int modify(struct ibv_qp *qp, enum ibv_qp_type t, uint32_t dest, uint16_t dlid)
 {
-	struct ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-	if (t == IBV_QPT_UD) {
-		a.qkey = ud_qkey;
-		mask |= IBV_QP_QKEY;
-	} else {
-		a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-		if (t != IBV_QPT_UC)
-			a.qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-		mask |= IBV_QP_ACCESS_FLAGS;
-	}
-	if (int e = ibv_modify_qp(qp, &a, mask))
-		return e;
-	a = {};
-	a.qp_state = IBV_QPS_RTR;
-	mask = IBV_QP_STATE;
-	if (t != IBV_QPT_UD) {
-		a.path_mtu = IBV_MTU_1024;
-		a.dest_qp_num = dest;
-		a.ah_attr.dlid = dlid;
-		a.ah_attr.port_num = 1;
-		mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-		if (t != IBV_QPT_UC) {
-			a.max_dest_rd_atomic = 16;
-			a.min_rnr_timer = 1;
-			mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-		}
-	}
-	if (int e = ibv_modify_qp(qp, &a, mask))
-		return e;
-	if (t == IBV_QPT_XRC_RECV)
-		return 0;
-	a = {};
-	a.qp_state = IBV_QPS_RTS;
-	mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-	if (t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND) {
-		/* 1.07 s x 8 tries before RETRY_EXC_ERR: a peer starved of CPU on a
-		 * loaded machine is slow, not dead. */
-		a.timeout = 18;
-		a.retry_cnt = 7;
-		a.rnr_retry = 7;
-		a.max_rd_atomic = 16;
-		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-	}
-	return ibv_modify_qp(qp, &a, mask);
+	shmv_test::QpPath path;
+	path.qkey = ud_qkey;
+	path.access = IBV_ACCESS_REMOTE_WRITE;
+	if (t != IBV_QPT_UC)
+		path.access |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	path.max_rd_atomic = 16;
+	/* 1.07 s x 8 tries before RETRY_EXC_ERR: a peer starved of CPU on a
+	 * loaded machine is slow, not dead. */
+	path.timeout = 18;
+	path.retry_cnt = 7;
+	return shmv_test::qp_to_rts(qp, t, dest, dlid, path);
 }
 
 void Worker::connect_pair(unsigned p, unsigned s)
