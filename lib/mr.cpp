@@ -32,6 +32,10 @@ static_assert(std::is_standard_layout_v<KeySlot>,
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
 	      "key and reader counts must stay lock-free to be shareable between processes");
 
+namespace {
+uint32_t own_pid(); /* below, with the key tables */
+} // namespace
+
 /* ---- KeyRef ---- */
 
 KeyRef &KeyRef::operator=(KeyRef &&other) noexcept
@@ -69,7 +73,7 @@ void KeyRef::release()
 
 KeyRef acquire_remote_key(KeySlot &s, uint32_t key)
 {
-	const uint64_t pid = uint32_t(getpid());
+	const uint64_t pid = own_pid();
 	int8_t holder = KeyRef::holder_anonymous;
 	/* Count ourselves in: our own entry if we have one, else a free one.
 	 * While we live only our own threads change an entry with our pid, so
@@ -159,12 +163,42 @@ KeyTables *&key_tables()
 	return t;
 }
 
+/* The tables of the first devices again, without the lock: every local
+ * SGE of every WR looks its table up, and a process-wide mutex there is two
+ * atomic operations on a line that all posting threads share. Set once
+ * under the lock (a table is never replaced but in a forked child). */
+constexpr uint32_t fast_tables = 16;
+std::atomic<KeyTable *> fast_table[fast_tables];
+
+/* This process's pid, which every remote key hold carries: getpid() is a
+ * system call (glibc keeps no cache). Cleared in a forked child. */
+std::atomic<uint32_t> cached_pid{0};
+
+uint32_t own_pid()
+{
+	uint32_t p = cached_pid.load(std::memory_order_relaxed);
+	if (!p) {
+		p = uint32_t(getpid());
+		cached_pid.store(p, std::memory_order_relaxed);
+	}
+	return p;
+}
+
 } // namespace
 
-void fork_child::key_tables() { ::shmverbs::key_tables() = new KeyTables; }
+void fork_child::key_tables()
+{
+	::shmverbs::key_tables() = new KeyTables;
+	for (auto &t : fast_table)
+		t.store(nullptr, std::memory_order_relaxed);
+	cached_pid.store(0, std::memory_order_relaxed);
+}
 
 KeyTable &KeyTable::of(const Device &dev)
 {
+	if (dev.index < fast_tables)
+		if (KeyTable *t = fast_table[dev.index].load(std::memory_order_acquire))
+			return *t;
 	KeyTables &all = *key_tables();
 	std::lock_guard guard(all.lock);
 	KeyTable *&table = all.tables[dev.index];
@@ -174,6 +208,8 @@ KeyTable &KeyTable::of(const Device &dev)
 				     static_cast<uint32_t>(attr.max_mw), index_space_max,
 				     int(dev.index));
 	}
+	if (dev.index < fast_tables)
+		fast_table[dev.index].store(table, std::memory_order_release);
 	return *table;
 }
 
