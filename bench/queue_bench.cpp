@@ -24,9 +24,9 @@
  *   {"group": "queue", "name", "value", "unit", "reference", "ref_value", "ratio"}
  * Needs the broker (SHMVERBS_BROKER, SHMVERBS_RUNTIME_DIR) for QP numbers.
  *
- *   queue-bench [--smoke] [--only PREFIX]
- * --only runs just the post_send + poll_cq cases whose name starts with
- * PREFIX (e.g. post_poll_rc_write_inline_sig16), for profiling one case.
+ *   queue-bench [--smoke] [--only NAME]
+ * --only runs just the post_send + poll_cq case NAME (e.g.
+ * post_poll_rc_write_inline_sig16_list1), for profiling one case.
  */
 #include <infiniband/verbs.h>
 
@@ -48,7 +48,7 @@
 namespace {
 
 bool smoke = false;
-const char *only = nullptr; /* --only: post/poll cases by name prefix, nothing else */
+const char *only = nullptr; /* --only: one post/poll case by name, nothing else */
 volatile uint64_t sink; /* what the drains read goes here, so it is read */
 
 double now_ns()
@@ -418,7 +418,7 @@ void bench_post_poll(Dev &d)
 		char name[96];
 		std::snprintf(name, sizeof(name), "post_poll_%s_%s_sig%d_list%d", c.ud ? "ud_send" : "rc_write",
 			      c.inl ? "inline" : "sge", c.signal_every, c.list);
-		if (only && std::strncmp(name, only, std::strlen(only)) != 0)
+		if (only && std::strcmp(name, only) != 0)
 			continue;
 		enum ibv_qp_type type = c.ud ? IBV_QPT_UD : IBV_QPT_RC;
 		struct ibv_cq *scq = d.cq(4096), *rcq = d.cq(4096);
@@ -723,7 +723,7 @@ int main(int argc, char **argv)
 		else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc)
 			only = argv[++i];
 		else {
-			std::fprintf(stderr, "usage: %s [--smoke] [--only PREFIX]\n", argv[0]);
+			std::fprintf(stderr, "usage: %s [--smoke] [--only NAME]\n", argv[0]);
 			return 2;
 		}
 	}

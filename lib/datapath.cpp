@@ -674,17 +674,17 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		return fail(IBV_WC_LOC_QP_OP_ERR);
 
 	/* The local side first: gather (or scatter, for READ/atomics). The
-	 * vectors are this thread's, kept with their capacity (execute never
-	 * nests): no allocation per WR. */
-	static thread_local std::vector<struct iovec> local;
-	static thread_local std::vector<KeyRef> local_refs;
+	 * vectors are the engine's (sq_lock_ held, execute never nests), kept
+	 * with their capacity: no allocation and no TLS lookup per WR. */
+	std::vector<struct iovec> &local = local_iov_;
+	std::vector<KeyRef> &local_refs = local_refs_;
 	local.clear();
-	local_refs.clear();
 	/* Local keys stay held until the WR is done, remote ones are released
 	 * on the way; whatever path returns, ours go then. */
 	struct ReleaseLocal {
-		~ReleaseLocal() { local_refs.clear(); }
-	} release_local;
+		std::vector<KeyRef> &refs;
+		~ReleaseLocal() { refs.clear(); }
+	} release_local{local_refs};
 	uint64_t length = 0;
 	const bool into_local = wr.opcode == IBV_WR_RDMA_READ ||
 		wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;

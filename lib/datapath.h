@@ -217,6 +217,9 @@ private:
 		shm::CqRing *ring = nullptr;
 		uint64_t cons = 0;
 	} recv_cq_seen_;
+	/* execute()'s local iovecs and held local keys (under sq_lock_). */
+	std::vector<struct iovec> local_iov_;
+	std::vector<KeyRef> local_refs_;
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	std::mutex rq_lock_;        /* posting to our RQ */

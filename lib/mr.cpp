@@ -60,13 +60,10 @@ void KeyRef::release()
 	} else if (holder_ == holder_anonymous) {
 		slot_->anonymous.fetch_sub(1, std::memory_order_release);
 	} else {
-		std::atomic<uint64_t> &h = slot_->holders[holder_];
-		uint64_t left = h.fetch_sub(1, std::memory_order_release) - 1;
-		/* Our last hold in the entry: free it for other processes
-		 * (another thread of ours may have counted in since: then the
-		 * CAS fails and the entry stays ours). */
-		if (key_holder_count(left) == 0)
-			h.compare_exchange_strong(left, 0, std::memory_order_relaxed);
+		/* At count 0 the entry keeps our pid: our next hold counts in
+		 * with one CAS, and any process may take it over meanwhile
+		 * (acquire_remote_key). */
+		slot_->holders[holder_].fetch_sub(1, std::memory_order_release);
 	}
 	slot_ = nullptr;
 }
@@ -88,10 +85,18 @@ KeyRef acquire_remote_key(KeySlot &s, uint32_t key)
 			}
 		}
 	}
+	/* Else an entry nobody holds anything in: free, or left to its last
+	 * user at count 0 (release() keeps it, so that the next hold of that
+	 * process is one CAS). Its owner's own CAS on it fails if we win. */
 	for (unsigned i = 0; i < key_holder_entries && holder == KeyRef::holder_anonymous; i++) {
-		uint64_t v = 0;
-		if (s.holders[i].compare_exchange_strong(v, pid << 32 | 1, std::memory_order_seq_cst))
-			holder = int8_t(i);
+		uint64_t v = s.holders[i].load(std::memory_order_relaxed);
+		while (key_holder_count(v) == 0) {
+			if (s.holders[i].compare_exchange_weak(v, pid << 32 | 1,
+							       std::memory_order_seq_cst)) {
+				holder = int8_t(i);
+				break;
+			}
+		}
 	}
 	if (holder == KeyRef::holder_anonymous)
 		s.anonymous.fetch_add(1, std::memory_order_seq_cst);
