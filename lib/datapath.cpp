@@ -528,7 +528,9 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				err = EINVAL;
 				break;
 			}
-			if (sq_.size() >= caps.created.max_send_wr) {
+			/* A deque's size() is arithmetic on its map; empty() is
+			 * one compare, and the queue is empty but for waits. */
+			if ((sq_.empty() ? 0 : sq_.size()) >= caps.created.max_send_wr) {
 				err = ENOMEM;
 				break;
 			}
