@@ -24,7 +24,9 @@
  *   {"group": "queue", "name", "value", "unit", "reference", "ref_value", "ratio"}
  * Needs the broker (SHMVERBS_BROKER, SHMVERBS_RUNTIME_DIR) for QP numbers.
  *
- *   queue-bench [--smoke]
+ *   queue-bench [--smoke] [--only NAME]
+ * --only runs just the post_send + poll_cq case NAME (e.g.
+ * post_poll_rc_write_inline_sig16_list1), for profiling one case.
  */
 #include <infiniband/verbs.h>
 
@@ -46,6 +48,7 @@
 namespace {
 
 bool smoke = false;
+const char *only = nullptr; /* --only: one post/poll case by name, nothing else */
 volatile uint64_t sink; /* what the drains read goes here, so it is read */
 
 double now_ns()
@@ -412,6 +415,11 @@ void bench_post_poll(Dev &d)
 	};
 	const int count = smoke ? 256 : 16384;
 	for (const PostPollCase &c : cases) {
+		char name[96];
+		std::snprintf(name, sizeof(name), "post_poll_%s_%s_sig%d_list%d", c.ud ? "ud_send" : "rc_write",
+			      c.inl ? "inline" : "sge", c.signal_every, c.list);
+		if (only && std::strcmp(name, only) != 0)
+			continue;
 		enum ibv_qp_type type = c.ud ? IBV_QPT_UD : IBV_QPT_RC;
 		struct ibv_cq *scq = d.cq(4096), *rcq = d.cq(4096);
 		struct ibv_qp *a = d.qp(type, scq, scq, 128, 16);
@@ -477,9 +485,6 @@ void bench_post_poll(Dev &d)
 			v[k] = post_poll_chunk(c, count, verbs_post, verbs_poll, verbs_refill, wrs);
 			r[k] = post_poll_chunk(c, count, ring_post, ring_poll, ring_refill, wrs);
 		}
-		char name[96];
-		std::snprintf(name, sizeof(name), "post_poll_%s_%s_sig%d_list%d", c.ud ? "ud_send" : "rc_write",
-			      c.inl ? "inline" : "sge", c.signal_every, c.list);
 		emit(name, median3(v[0], v[1], v[2]), "ns/WR", "plain ring", median3(r[0], r[1], r[2]));
 
 		verbs_refill(0);
@@ -715,17 +720,23 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (std::strcmp(argv[i], "--smoke") == 0)
 			smoke = true;
+		else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+			only = argv[++i];
 		else {
-			std::fprintf(stderr, "usage: %s [--smoke]\n", argv[0]);
+			std::fprintf(stderr, "usage: %s [--smoke] [--only NAME]\n", argv[0]);
 			return 2;
 		}
 	}
 	Dev d;
-	bench_bytes_per_qp(d); /* first: later cases leave freed areas behind */
-	bench_post_poll(d);
-	bench_empty_poll(d);
-	bench_cq_ex(d);
-	bench_qp_lifecycle(d);
+	if (only) {
+		bench_post_poll(d);
+	} else {
+		bench_bytes_per_qp(d); /* first: later cases leave freed areas behind */
+		bench_post_poll(d);
+		bench_empty_poll(d);
+		bench_cq_ex(d);
+		bench_qp_lifecycle(d);
+	}
 	ibv_dereg_mr(d.mr);
 	ibv_dealloc_pd(d.pd);
 	ibv_close_device(d.ctx);

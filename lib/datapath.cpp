@@ -213,19 +213,6 @@ bool opcode_allowed(enum ibv_qp_type type, int op)
 	}
 }
 
-/* The inflight count of a target QP, held while we touch its queues/CQ. */
-class Inflight {
-public:
-	explicit Inflight(shm::QpDesc *d) : d_(d)
-	{
-		d_->inflight.fetch_add(1, std::memory_order_seq_cst);
-	}
-	~Inflight() { d_->inflight.fetch_sub(1, std::memory_order_release); }
-
-private:
-	shm::QpDesc *d_;
-};
-
 } // namespace
 
 /* ---- Construction ---- */
@@ -541,7 +528,9 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				err = EINVAL;
 				break;
 			}
-			if (sq_.size() >= caps.created.max_send_wr) {
+			/* A deque's size() is arithmetic on its map; empty() is
+			 * one compare, and the queue is empty but for waits. */
+			if ((sq_.empty() ? 0 : sq_.size()) >= caps.created.max_send_wr) {
 				err = ENOMEM;
 				break;
 			}
@@ -561,6 +550,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 			}
 			queued = true;
 		}
+		release_holds();
 		if (state_.load() == IBV_QPS_ERR)
 			flush_locked();
 	}
@@ -593,6 +583,7 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 			sq_.push_back(std::move(w));
 			queued = true;
 		}
+		release_holds();
 		if (state_.load() == IBV_QPS_ERR)
 			flush_locked();
 	}
@@ -605,6 +596,16 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 }
 
 /* ---- Execution ---- */
+
+void QpEngine::release_holds()
+{
+	held_.rkey.release();
+	held_.rkey_seg = nullptr;
+	if (held_.inflight) {
+		held_.inflight->inflight.fetch_sub(1, std::memory_order_release);
+		held_.inflight = nullptr;
+	}
+}
 
 void QpEngine::complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc)
 {
@@ -637,6 +638,7 @@ bool QpEngine::progress()
 				return true;
 			struct ibv_wc wc{};
 			Outcome o = execute(wr, wc);
+			release_holds();
 			if (o == Outcome::Wait)
 				return true;
 			complete_send(wr, wc.status, wc);
@@ -674,17 +676,17 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		return fail(IBV_WC_LOC_QP_OP_ERR);
 
 	/* The local side first: gather (or scatter, for READ/atomics). The
-	 * vectors are this thread's, kept with their capacity (execute never
-	 * nests): no allocation per WR. */
-	static thread_local std::vector<struct iovec> local;
-	static thread_local std::vector<KeyRef> local_refs;
+	 * vectors are the engine's (sq_lock_ held, execute never nests), kept
+	 * with their capacity: no allocation and no TLS lookup per WR. */
+	std::vector<struct iovec> &local = local_iov_;
+	std::vector<KeyRef> &local_refs = local_refs_;
 	local.clear();
-	local_refs.clear();
 	/* Local keys stay held until the WR is done, remote ones are released
 	 * on the way; whatever path returns, ours go then. */
 	struct ReleaseLocal {
-		~ReleaseLocal() { local_refs.clear(); }
-	} release_local;
+		std::vector<KeyRef> &refs;
+		~ReleaseLocal() { refs.clear(); }
+	} release_local{local_refs};
 	uint64_t length = 0;
 	const bool into_local = wr.opcode == IBV_WR_RDMA_READ ||
 		wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -708,6 +710,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	if (!target_.desc || target_.qpn != target_qpn ||
 	    target_.seg->gone.load(std::memory_order_acquire) ||
 	    target_.desc->magic != shm::qp_magic || target_.desc->qpn != target_qpn) {
+		release_holds(); /* they point into the old target's segment */
 		target_ = {};
 		PeerObject obj;
 		err = resolve_object(device_, broker::ObjectKind::Qp, target_qpn, obj);
@@ -743,8 +746,16 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	};
 	if (err || !target_.seg->alive())
 		return unreachable();
-	Inflight inflight(t.desc);
+	/* The target's in-flight count, held while we touch its queues, CQ
+	 * or memory: taken once for the WRs of one post to one target
+	 * (held_), then `dead` checked for each. */
+	if (held_.inflight != t.desc) {
+		release_holds();
+		t.desc->inflight.fetch_add(1, std::memory_order_seq_cst);
+		held_.inflight = t.desc;
+	}
 	if (t.desc->dead.load(std::memory_order_seq_cst)) {
+		release_holds(); /* its destroy waits for the count */
 		forget_object(device_, broker::ObjectKind::Qp, target_qpn);
 		target_.desc = nullptr; /* resolved afresh next time */
 		return unreachable();
@@ -830,13 +841,22 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	}
 	/* A one-sided operation needs both the responder QP's permission
 	 * (qp_access_flags; for XRC the XRC_RECV QP's, which t.desc is) and
-	 * the MR's; either missing is the same remote access error. */
-	auto remote_key = [&](uint32_t access, uint64_t len, KeyRef &ref) {
+	 * the MR's; either missing is the same remote access error. The key
+	 * stays held (held_) for the next WRs of this post naming it too: a
+	 * held key cannot be withdrawn, so its entry is still the key's. */
+	auto remote_key = [&](uint32_t access, uint64_t len) -> const KeyRef * {
 		if (!(t.desc->access_flags.load(std::memory_order_relaxed) & access))
-			return false;
-		ref = acquire_key(peer, wr.rkey);
-		return ref && ref->kind != KeyKind::NullMr && ref->pdn == access_pdn &&
-		       ref.permits(wr.remote_addr, len, access);
+			return nullptr;
+		if (!held_.rkey || held_.rkey_value != wr.rkey || held_.rkey_seg != &peer) {
+			held_.rkey = acquire_key(peer, wr.rkey);
+			held_.rkey_value = wr.rkey;
+			held_.rkey_seg = &peer;
+		}
+		const KeyRef &ref = held_.rkey;
+		if (ref && ref->kind != KeyKind::NullMr && ref->pdn == access_pdn &&
+		    ref.permits(wr.remote_addr, len, access))
+			return &ref;
+		return nullptr;
 	};
 	auto responder_error = [&](uint32_t what) {
 		t.desc->remote_error.store(what, std::memory_order_release);
@@ -845,8 +865,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	switch (wr.opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM: {
-		KeyRef ref;
-		if (!remote_key(IBV_ACCESS_REMOTE_WRITE, length, ref)) {
+		const KeyRef *rkey = remote_key(IBV_ACCESS_REMOTE_WRITE, length);
+		if (!rkey) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC: dropped */
 				return Outcome::Done;
@@ -868,10 +888,9 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 				goto rnr;
 			}
 		}
-		if (length && remote_write(peer, *ref, ref.address_of(wr.remote_addr), local.data(),
+		if (length && remote_write(peer, **rkey, rkey->address_of(wr.remote_addr), local.data(),
 					   int(local.size())))
 			return fail(IBV_WC_REM_ACCESS_ERR);
-		ref.release();
 		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
 			Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS,
 							IBV_WC_RECV_RDMA_WITH_IMM, target_qpn);
@@ -886,12 +905,12 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		return Outcome::Done;
 	}
 	case IBV_WR_RDMA_READ: {
-		KeyRef ref;
-		if (!remote_key(IBV_ACCESS_REMOTE_READ, length, ref)) {
+		const KeyRef *rkey = remote_key(IBV_ACCESS_REMOTE_READ, length);
+		if (!rkey) {
 			responder_error(shm::remote_error_access);
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		}
-		if (length && remote_read(peer, *ref, ref.address_of(wr.remote_addr), local.data(),
+		if (length && remote_read(peer, **rkey, rkey->address_of(wr.remote_addr), local.data(),
 					  int(local.size())))
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		wc.status = IBV_WC_SUCCESS;
@@ -901,15 +920,15 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	case IBV_WR_ATOMIC_FETCH_AND_ADD: {
 		if (length < 8 || (wr.remote_addr & 7))
 			return fail(IBV_WC_REM_INV_REQ_ERR);
-		KeyRef ref;
-		if (!remote_key(IBV_ACCESS_REMOTE_ATOMIC, 8, ref)) {
+		const KeyRef *rkey = remote_key(IBV_ACCESS_REMOTE_ATOMIC, 8);
+		if (!rkey) {
 			responder_error(shm::remote_error_access);
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		}
 		uint64_t old = 0;
 		AtomicOp op = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? AtomicOp::CmpSwp : AtomicOp::FetchAdd;
-		const uint64_t at = ref.address_of(wr.remote_addr);
-		if (char *p = cached_window(peer, *ref, at, 8)) {
+		const uint64_t at = rkey->address_of(wr.remote_addr);
+		if (char *p = cached_window(peer, **rkey, at, 8)) {
 			/* The target's physical page: a CPU atomic. */
 			std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t *>(p));
 			if (op == AtomicOp::FetchAdd) {
@@ -918,11 +937,10 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 				old = wr.compare_add;
 				word.compare_exchange_strong(old, wr.swap);
 			}
-		} else if (remote_memory_for(peer, *ref).atomic(peer, *ref, at, op, wr.compare_add,
+		} else if (remote_memory_for(peer, **rkey).atomic(peer, **rkey, at, op, wr.compare_add,
 								wr.swap, &old)) {
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		}
-		ref.release();
 		/* The original value lands in the first 8 bytes of the local SGEs. */
 		char *p = reinterpret_cast<char *>(&old);
 		size_t left = 8;

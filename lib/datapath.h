@@ -176,6 +176,8 @@ private:
 	void complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc);
 	void flush_locked();
 	void snapshot_attr();
+	/* Lets go of held_ (sq_lock_ held): before sq_lock_ is released. */
+	void release_holds();
 
 	Qp &qp_;
 	Segment &seg_;
@@ -217,6 +219,20 @@ private:
 		shm::CqRing *ring = nullptr;
 		uint64_t cons = 0;
 	} recv_cq_seen_;
+	/* What execute() holds of the target across the WRs of one post (or
+	 * one progress step), under sq_lock_, so that a post list pays for
+	 * them once: the target QP's in-flight count and the remote key used
+	 * last. Released by release_holds() before sq_lock_ goes, and before
+	 * target_ changes (both point into its segment). */
+	struct {
+		shm::QpDesc *inflight = nullptr;
+		KeyRef rkey;
+		uint32_t rkey_value = 0;
+		const PeerSegment *rkey_seg = nullptr;
+	} held_;
+	/* execute()'s local iovecs and held local keys (under sq_lock_). */
+	std::vector<struct iovec> local_iov_;
+	std::vector<KeyRef> local_refs_;
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	std::mutex rq_lock_;        /* posting to our RQ */

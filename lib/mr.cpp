@@ -32,6 +32,10 @@ static_assert(std::is_standard_layout_v<KeySlot>,
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
 	      "key and reader counts must stay lock-free to be shareable between processes");
 
+namespace {
+uint32_t own_pid(); /* below, with the key tables */
+} // namespace
+
 /* ---- KeyRef ---- */
 
 KeyRef &KeyRef::operator=(KeyRef &&other) noexcept
@@ -56,20 +60,17 @@ void KeyRef::release()
 	} else if (holder_ == holder_anonymous) {
 		slot_->anonymous.fetch_sub(1, std::memory_order_release);
 	} else {
-		std::atomic<uint64_t> &h = slot_->holders[holder_];
-		uint64_t left = h.fetch_sub(1, std::memory_order_release) - 1;
-		/* Our last hold in the entry: free it for other processes
-		 * (another thread of ours may have counted in since: then the
-		 * CAS fails and the entry stays ours). */
-		if (key_holder_count(left) == 0)
-			h.compare_exchange_strong(left, 0, std::memory_order_relaxed);
+		/* At count 0 the entry keeps our pid: our next hold counts in
+		 * with one CAS, and any process may take it over meanwhile
+		 * (acquire_remote_key). */
+		slot_->holders[holder_].fetch_sub(1, std::memory_order_release);
 	}
 	slot_ = nullptr;
 }
 
 KeyRef acquire_remote_key(KeySlot &s, uint32_t key)
 {
-	const uint64_t pid = uint32_t(getpid());
+	const uint64_t pid = own_pid();
 	int8_t holder = KeyRef::holder_anonymous;
 	/* Count ourselves in: our own entry if we have one, else a free one.
 	 * While we live only our own threads change an entry with our pid, so
@@ -84,10 +85,18 @@ KeyRef acquire_remote_key(KeySlot &s, uint32_t key)
 			}
 		}
 	}
+	/* Else an entry nobody holds anything in: free, or left to its last
+	 * user at count 0 (release() keeps it, so that the next hold of that
+	 * process is one CAS). Its owner's own CAS on it fails if we win. */
 	for (unsigned i = 0; i < key_holder_entries && holder == KeyRef::holder_anonymous; i++) {
-		uint64_t v = 0;
-		if (s.holders[i].compare_exchange_strong(v, pid << 32 | 1, std::memory_order_seq_cst))
-			holder = int8_t(i);
+		uint64_t v = s.holders[i].load(std::memory_order_relaxed);
+		while (key_holder_count(v) == 0) {
+			if (s.holders[i].compare_exchange_weak(v, pid << 32 | 1,
+							       std::memory_order_seq_cst)) {
+				holder = int8_t(i);
+				break;
+			}
+		}
 	}
 	if (holder == KeyRef::holder_anonymous)
 		s.anonymous.fetch_add(1, std::memory_order_seq_cst);
@@ -159,12 +168,42 @@ KeyTables *&key_tables()
 	return t;
 }
 
+/* The tables of the first devices again, without the lock: every local
+ * SGE of every WR looks its table up, and a process-wide mutex there is two
+ * atomic operations on a line that all posting threads share. Set once
+ * under the lock (a table is never replaced but in a forked child). */
+constexpr uint32_t fast_tables = 16;
+std::atomic<KeyTable *> fast_table[fast_tables];
+
+/* This process's pid, which every remote key hold carries: getpid() is a
+ * system call (glibc keeps no cache). Cleared in a forked child. */
+std::atomic<uint32_t> cached_pid{0};
+
+uint32_t own_pid()
+{
+	uint32_t p = cached_pid.load(std::memory_order_relaxed);
+	if (!p) {
+		p = uint32_t(getpid());
+		cached_pid.store(p, std::memory_order_relaxed);
+	}
+	return p;
+}
+
 } // namespace
 
-void fork_child::key_tables() { ::shmverbs::key_tables() = new KeyTables; }
+void fork_child::key_tables()
+{
+	::shmverbs::key_tables() = new KeyTables;
+	for (auto &t : fast_table)
+		t.store(nullptr, std::memory_order_relaxed);
+	cached_pid.store(0, std::memory_order_relaxed);
+}
 
 KeyTable &KeyTable::of(const Device &dev)
 {
+	if (dev.index < fast_tables)
+		if (KeyTable *t = fast_table[dev.index].load(std::memory_order_acquire))
+			return *t;
 	KeyTables &all = *key_tables();
 	std::lock_guard guard(all.lock);
 	KeyTable *&table = all.tables[dev.index];
@@ -174,6 +213,8 @@ KeyTable &KeyTable::of(const Device &dev)
 				     static_cast<uint32_t>(attr.max_mw), index_space_max,
 				     int(dev.index));
 	}
+	if (dev.index < fast_tables)
+		fast_table[dev.index].store(table, std::memory_order_release);
 	return *table;
 }
 

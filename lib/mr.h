@@ -79,8 +79,11 @@ struct KeyEntry {
 
 /*
  * Holds of other processes are attributed: a holder entry is
- * `pid << 32 | count`, 0 when free. An initiator counts itself into the
- * entry with its pid (or claims a free one) before it checks the key, so
+ * `pid << 32 | count`, 0 when never used; an entry at count 0 holds
+ * nothing, whatever pid it names (its last user leaves it so, to count in
+ * again with one CAS), and any process may take it over. An initiator
+ * counts itself into the entry with its pid (or claims a free one) before
+ * it checks the key, so
  * when the owner withdraws a key and a holder dies before releasing it,
  * unpublish() sees whose hold it was, finds that process gone and clears
  * the entry: a dead peer never makes ibv_dereg_mr wait. Holds beyond the
