@@ -18,6 +18,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/*
+ * Set around execute() when the WR at the head of a send queue waits for
+ * its RNR timer and is tried before it expires: the target may have posted
+ * a receive meanwhile (the application's empty poll_cq and the progress
+ * thread look; progress_poll_waiting()). An early try that finds the queue
+ * still empty changes nothing: the retry count and the timer stay, so
+ * rnr_retry exhaustion (IBV_WC_RNR_RETRY_EXC_ERR) comes after the same
+ * number of timer periods as on a device; one that finds a WQE delivers at
+ * once, as the device's retry would at the timer.
+ */
+thread_local bool rnr_early_attempt = false;
+
 constexpr uint32_t key_chunk_bits = 12;
 constexpr uint32_t key_chunk_slots = 1u << key_chunk_bits;
 
@@ -151,6 +163,18 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 			return true;
 		}
 	}
+}
+
+/* Whether an early RNR retry (rnr_early_attempt) should take a WQE now:
+ * only once the target has reposted a batch (a quarter of its ring, at
+ * most 32), so that a sender does not trail its receiver one receive at a
+ * time, each message a round trip; short of that the timer decides. */
+static bool rq_refilled(const PeerRq &q)
+{
+	/* head first: tail, read after, is at least that head. */
+	uint64_t head = q.rq->head.load(std::memory_order_relaxed);
+	uint64_t tail = q.rq->tail.load(std::memory_order_acquire);
+	return tail - head >= std::clamp<uint64_t>(q.entries / 4, 1, 32);
 }
 
 Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op,
@@ -633,10 +657,14 @@ bool QpEngine::progress()
 				return false;
 			}
 			SendWr &wr = sq_.front();
-			if (wr.not_before > Clock::now())
+			/* A WR in its RNR wait may look early (rnr_early_attempt). */
+			const bool early = wr.not_before > Clock::now();
+			if (early && (wr.rnr_left < 0 || wr.peer_dead))
 				return true;
 			struct ibv_wc wc{};
+			rnr_early_attempt = early;
 			Outcome o = execute(wr, wc);
+			rnr_early_attempt = false;
 			if (o == Outcome::Wait)
 				return true;
 			complete_send(wr, wc.status, wc);
@@ -860,7 +888,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
 			if (enum ibv_wc_status st = open_recv_side())
 				return fail(st);
-			if (!consume_wqe(rs.q, wqe, rsges)) {
+			if ((rnr_early_attempt && !rq_refilled(rs.q)) ||
+			    !consume_wqe(rs.q, wqe, rsges)) {
 				if (!reliable) {
 					wc.status = IBV_WC_SUCCESS;
 					return Outcome::Done;
@@ -949,7 +978,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		const PeerSegment *rq_seg = rs.seg;
 		shm::RecvWqe wqe{};
 		static thread_local std::vector<shm::RecvSge> rsges;
-		if (!consume_wqe(rs.q, wqe, rsges)) {
+		if ((rnr_early_attempt && !rq_refilled(rs.q)) || !consume_wqe(rs.q, wqe, rsges)) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC/UD: dropped silently */
 				return Outcome::Done;
@@ -1034,6 +1063,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 rnr:
 	/* Receiver not ready: retry after the responder's RNR timer, rnr_retry
 	 * times (7: forever). */
+	if (rnr_early_attempt)
+		return Outcome::Wait; /* the timer and the count stand */
 	if (wr.rnr_left < 0)
 		wr.rnr_left = attr_.rnr_retry;
 	if (attr_.rnr_retry != 7) {
