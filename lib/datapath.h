@@ -237,7 +237,13 @@ void progress_kick();
 /* An application thread found its CQ empty (poll_cq): runs progress() of
  * the engines that wait, at once, instead of leaving them to the thread's
  * next pass (1 ms). A load of one word when nothing waits; never blocks. */
-void progress_poll_waiting();
+extern std::atomic<size_t> progress_waiting_engines;
+void progress_poll_waiting_slow();
+inline void progress_poll_waiting()
+{
+	if (progress_waiting_engines.load(std::memory_order_relaxed))
+		progress_poll_waiting_slow();
+}
 /* Other periodic work of the progress thread (SRQ limits): fn(arg) runs on
  * it under its lock until unregistered. */
 void progress_register_poller(void *arg, void (*fn)(void *));

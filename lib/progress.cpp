@@ -26,6 +26,11 @@
 
 namespace shmverbs {
 
+/* The size of `waiting` as last stored under the lock. A forked child's
+ * copy may count the parent's engines: its first look finds its own
+ * `waiting` empty and stores 0. */
+std::atomic<size_t> progress_waiting_engines{0};
+
 namespace {
 
 /*
@@ -39,8 +44,6 @@ struct ProgressState {
 	std::condition_variable wake;
 	std::set<QpEngine *> engines;
 	std::set<QpEngine *> waiting; /* a subset of engines */
-	/* waiting.size(), readable without the lock (progress_poll_waiting). */
-	std::atomic<size_t> waiting_count{0};
 	std::map<void *, void (*)(void *)> pollers;
 	bool started = false;
 	bool kicked = false;
@@ -80,7 +83,7 @@ void thread_main()
 				fn(arg);
 			next_sweep = Clock::now() + slow_period;
 		}
-		st.waiting_count.store(st.waiting.size(), std::memory_order_relaxed);
+		progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
 		auto until = st.waiting.empty() ? next_sweep : Clock::now() + retry_period;
 		st.wake.wait_until(guard, until, [&st] { return st.kicked; });
 	}
@@ -129,21 +132,19 @@ void progress_unregister(QpEngine *e)
 	std::lock_guard guard(st.lock);
 	st.engines.erase(e);
 	st.waiting.erase(e);
-	st.waiting_count.store(st.waiting.size(), std::memory_order_relaxed);
+	progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
 }
 
-void progress_poll_waiting()
+void progress_poll_waiting_slow()
 {
 	ProgressState &st = state();
-	if (!st.waiting_count.load(std::memory_order_relaxed))
-		return;
 	/* Never wait for the progress thread: it is at it already. */
 	std::unique_lock guard(st.lock, std::try_to_lock);
 	if (!guard.owns_lock())
 		return;
 	for (auto it = st.waiting.begin(); it != st.waiting.end();)
 		it = (*it)->progress() ? std::next(it) : st.waiting.erase(it);
-	st.waiting_count.store(st.waiting.size(), std::memory_order_relaxed);
+	progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
 }
 
 void progress_kick()
