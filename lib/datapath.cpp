@@ -29,6 +29,7 @@ using Clock = std::chrono::steady_clock;
  * once, as the device's retry would at the timer.
  */
 thread_local bool rnr_early_attempt = false;
+constexpr auto rnr_look_period = std::chrono::microseconds(20);
 
 constexpr uint32_t key_chunk_bits = 12;
 constexpr uint32_t key_chunk_slots = 1u << key_chunk_bits;
@@ -144,12 +145,20 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 	char *slots = reinterpret_cast<char *>(q.rq) + shm::rq_slots_offset;
 	uint64_t head = q.rq->head.load(std::memory_order_acquire);
 	for (;;) {
-		/* Pairs with the owner's release store of tail. */
-		uint64_t tail = q.rq->tail.load(std::memory_order_acquire);
-		if (head >= tail)
-			return false;
-		const char *slot = slots + (head & (q.entries - 1)) * q.stride;
-		std::memcpy(&wqe, slot, sizeof(wqe));
+		char *slot = slots + (head & (q.entries - 1)) * q.stride;
+		/* Pairs with the producer's release store of seq (post_recv). */
+		uint32_t seq = rq_slot_seq(slot).load(std::memory_order_acquire);
+		if (seq != uint32_t(head + 1)) {
+			/* Not posted yet, unless head moved on meanwhile (the
+			 * slot may then hold a later lap): look again. */
+			uint64_t now = q.rq->head.load(std::memory_order_acquire);
+			if (now == head)
+				return false;
+			head = now;
+			continue;
+		}
+		std::memcpy(&wqe, slot, offsetof(shm::RecvWqe, seq));
+		wqe.seq = seq;
 		uint32_t n = std::min(wqe.num_sge, q.max_sge);
 		sges.resize(n);
 		if (n) /* a WQE may have no SGE: then sges.data() may be null */
@@ -163,6 +172,18 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 			return true;
 		}
 	}
+}
+
+void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index)
+{
+	shm::RecvWqe wqe{wr.wr_id, uint32_t(wr.num_sge), 0};
+	std::memcpy(slot, &wqe, offsetof(shm::RecvWqe, seq));
+	for (int i = 0; i < wr.num_sge; i++) {
+		shm::RecvSge s{wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+		std::memcpy(slot + sizeof(wqe) + i * sizeof(s), &s, sizeof(s));
+	}
+	/* Pairs with the consumers' acquire load of seq. */
+	rq_slot_seq(slot).store(uint32_t(index + 1), std::memory_order_release);
 }
 
 /* Whether an early RNR retry (rnr_early_attempt) should take a WQE now:
@@ -458,15 +479,8 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 				*bad_wr = wr;
 				return EINVAL;
 			}
-			char *slot = slots + (tail & (rq_entries_ - 1)) * rq_stride_;
-			shm::RecvWqe wqe{wr->wr_id, uint32_t(wr->num_sge), 0};
-			std::memcpy(slot, &wqe, sizeof(wqe));
-			for (int i = 0; i < wr->num_sge; i++) {
-				shm::RecvSge s{wr->sg_list[i].addr, wr->sg_list[i].length,
-					       wr->sg_list[i].lkey};
-				std::memcpy(slot + sizeof(wqe) + i * sizeof(s), &s, sizeof(s));
-			}
-			/* Pairs with the consumers' acquire load of tail. */
+			rq_publish(slots + (tail & (rq_entries_ - 1)) * rq_stride_, *wr, tail);
+			/* Pairs with the SRQ limit's acquire load of tail. */
 			rq_->tail.store(tail + 1, std::memory_order_release);
 		}
 	}
@@ -657,10 +671,15 @@ bool QpEngine::progress()
 				return false;
 			}
 			SendWr &wr = sq_.front();
-			/* A WR in its RNR wait may look early (rnr_early_attempt). */
-			const bool early = wr.not_before > Clock::now();
-			if (early && (wr.rnr_left < 0 || wr.peer_dead))
+			/* A WR in its RNR wait may look early (rnr_early_attempt),
+			 * every rnr_look_period at most: a try costs the target
+			 * a transfer of its RQ's lines. */
+			const auto now = Clock::now();
+			const bool early = wr.not_before > now;
+			if (early && (wr.rnr_left < 0 || wr.peer_dead || now < wr.rnr_look))
 				return true;
+			if (early)
+				wr.rnr_look = now + rnr_look_period;
 			struct ibv_wc wc{};
 			rnr_early_attempt = early;
 			Outcome o = execute(wr, wc);

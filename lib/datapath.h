@@ -108,6 +108,8 @@ struct SendWr {
 	/* Retry state of the WR at the head of the queue. */
 	int rnr_left = -1;  /* -1: not started */
 	std::chrono::steady_clock::time_point not_before{};
+	/* In an RNR wait: no early try before this (lib/datapath.cpp). */
+	std::chrono::steady_clock::time_point rnr_look{};
 	std::chrono::steady_clock::time_point give_up{}; /* dead peer: RETRY_EXC_ERR then */
 	bool peer_dead = false;
 };
