@@ -8,6 +8,7 @@
  * (ibv_poll_cq, the extended poll API, channel events, overrun) is here.
  */
 #include "cq.h"
+#include "datapath.h"
 #include "device.h"
 #include "segment.h"
 
@@ -664,8 +665,13 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 		return 0;
 	if (!wc)
 		return -EINVAL;
-	if (surely_empty(cq))
+	if (surely_empty(cq)) {
+		/* A send waiting for RNR retries as soon as its target posted
+		 * a receive (lib/datapath.cpp, rnr:). Outside cq.lock: a
+		 * retry may complete into this CQ. */
+		progress_poll_waiting();
 		return 0;
+	}
 	std::lock_guard guard(cq.lock);
 	report_overrun(cq);
 	int n = 0;

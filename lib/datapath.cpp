@@ -18,6 +18,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/*
+ * Set around execute() when the WR at the head of a send queue waits for
+ * its RNR timer and is tried before it expires: the target may have posted
+ * a receive meanwhile (the application's empty poll_cq and the progress
+ * thread look; progress_poll_waiting()). An early try that finds the queue
+ * still empty changes nothing: the retry count and the timer stay, so
+ * rnr_retry exhaustion (IBV_WC_RNR_RETRY_EXC_ERR) comes after the same
+ * number of timer periods as on a device; one that finds a WQE delivers at
+ * once, as the device's retry would at the timer.
+ */
+thread_local bool rnr_early_attempt = false;
+constexpr auto rnr_look_period = std::chrono::microseconds(20);
+
 constexpr uint32_t key_chunk_bits = 12;
 constexpr uint32_t key_chunk_slots = 1u << key_chunk_bits;
 
@@ -132,12 +145,20 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 	char *slots = reinterpret_cast<char *>(q.rq) + shm::rq_slots_offset;
 	uint64_t head = q.rq->head.load(std::memory_order_acquire);
 	for (;;) {
-		/* Pairs with the owner's release store of tail. */
-		uint64_t tail = q.rq->tail.load(std::memory_order_acquire);
-		if (head >= tail)
-			return false;
-		const char *slot = slots + (head & (q.entries - 1)) * q.stride;
-		std::memcpy(&wqe, slot, sizeof(wqe));
+		char *slot = slots + (head & (q.entries - 1)) * q.stride;
+		/* Pairs with the producer's release store of seq (post_recv). */
+		uint32_t seq = rq_slot_seq(slot).load(std::memory_order_acquire);
+		if (seq != uint32_t(head + 1)) {
+			/* Not posted yet, unless head moved on meanwhile (the
+			 * slot may then hold a later lap): look again. */
+			uint64_t now = q.rq->head.load(std::memory_order_acquire);
+			if (now == head)
+				return false;
+			head = now;
+			continue;
+		}
+		std::memcpy(&wqe, slot, offsetof(shm::RecvWqe, seq));
+		wqe.seq = seq;
 		uint32_t n = std::min(wqe.num_sge, q.max_sge);
 		sges.resize(n);
 		if (n) /* a WQE may have no SGE: then sges.data() may be null */
@@ -151,6 +172,30 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 			return true;
 		}
 	}
+}
+
+void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index)
+{
+	shm::RecvWqe wqe{wr.wr_id, uint32_t(wr.num_sge), 0};
+	std::memcpy(slot, &wqe, offsetof(shm::RecvWqe, seq));
+	for (int i = 0; i < wr.num_sge; i++) {
+		shm::RecvSge s{wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+		std::memcpy(slot + sizeof(wqe) + i * sizeof(s), &s, sizeof(s));
+	}
+	/* Pairs with the consumers' acquire load of seq. */
+	rq_slot_seq(slot).store(uint32_t(index + 1), std::memory_order_release);
+}
+
+/* Whether an early RNR retry (rnr_early_attempt) should take a WQE now:
+ * only once the target has reposted a batch (a quarter of its ring, at
+ * most 32), so that a sender does not trail its receiver one receive at a
+ * time, each message a round trip; short of that the timer decides. */
+static bool rq_refilled(const PeerRq &q)
+{
+	/* head first: tail, read after, is at least that head. */
+	uint64_t head = q.rq->head.load(std::memory_order_relaxed);
+	uint64_t tail = q.rq->tail.load(std::memory_order_acquire);
+	return tail - head >= std::clamp<uint64_t>(q.entries / 4, 1, 32);
 }
 
 Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op,
@@ -421,15 +466,8 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 				*bad_wr = wr;
 				return EINVAL;
 			}
-			char *slot = slots + (tail & (rq_entries_ - 1)) * rq_stride_;
-			shm::RecvWqe wqe{wr->wr_id, uint32_t(wr->num_sge), 0};
-			std::memcpy(slot, &wqe, sizeof(wqe));
-			for (int i = 0; i < wr->num_sge; i++) {
-				shm::RecvSge s{wr->sg_list[i].addr, wr->sg_list[i].length,
-					       wr->sg_list[i].lkey};
-				std::memcpy(slot + sizeof(wqe) + i * sizeof(s), &s, sizeof(s));
-			}
-			/* Pairs with the consumers' acquire load of tail. */
+			rq_publish(slots + (tail & (rq_entries_ - 1)) * rq_stride_, *wr, tail);
+			/* Pairs with the SRQ limit's acquire load of tail. */
 			rq_->tail.store(tail + 1, std::memory_order_release);
 		}
 	}
@@ -634,10 +672,19 @@ bool QpEngine::progress()
 				return false;
 			}
 			SendWr &wr = sq_.front();
-			if (wr.not_before > Clock::now())
+			/* A WR in its RNR wait may look early (rnr_early_attempt),
+			 * every rnr_look_period at most: a try costs the target
+			 * a transfer of its RQ's lines. */
+			const auto now = Clock::now();
+			const bool early = wr.not_before > now;
+			if (early && (wr.rnr_left < 0 || wr.peer_dead || now < wr.rnr_look))
 				return true;
+			if (early)
+				wr.rnr_look = now + rnr_look_period;
 			struct ibv_wc wc{};
+			rnr_early_attempt = early;
 			Outcome o = execute(wr, wc);
+			rnr_early_attempt = false;
 			release_holds();
 			if (o == Outcome::Wait)
 				return true;
@@ -880,7 +927,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
 			if (enum ibv_wc_status st = open_recv_side())
 				return fail(st);
-			if (!consume_wqe(rs.q, wqe, rsges)) {
+			if ((rnr_early_attempt && !rq_refilled(rs.q)) ||
+			    !consume_wqe(rs.q, wqe, rsges)) {
 				if (!reliable) {
 					wc.status = IBV_WC_SUCCESS;
 					return Outcome::Done;
@@ -967,7 +1015,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		const PeerSegment *rq_seg = rs.seg;
 		shm::RecvWqe wqe{};
 		static thread_local std::vector<shm::RecvSge> rsges;
-		if (!consume_wqe(rs.q, wqe, rsges)) {
+		if ((rnr_early_attempt && !rq_refilled(rs.q)) || !consume_wqe(rs.q, wqe, rsges)) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC/UD: dropped silently */
 				return Outcome::Done;
@@ -1052,6 +1100,8 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 rnr:
 	/* Receiver not ready: retry after the responder's RNR timer, rnr_retry
 	 * times (7: forever). */
+	if (rnr_early_attempt)
+		return Outcome::Wait; /* the timer and the count stand */
 	if (wr.rnr_left < 0)
 		wr.rnr_left = attr_.rnr_retry;
 	if (attr_.rnr_retry != 7) {

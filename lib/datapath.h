@@ -108,6 +108,8 @@ struct SendWr {
 	/* Retry state of the WR at the head of the queue. */
 	int rnr_left = -1;  /* -1: not started */
 	std::chrono::steady_clock::time_point not_before{};
+	/* In an RNR wait: no early try before this (lib/datapath.cpp). */
+	std::chrono::steady_clock::time_point rnr_look{};
 	std::chrono::steady_clock::time_point give_up{}; /* dead peer: RETRY_EXC_ERR then */
 	bool peer_dead = false;
 };
@@ -250,6 +252,16 @@ int post_recv(Qp &qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 void progress_register(QpEngine *e);
 void progress_unregister(QpEngine *e);
 void progress_kick();
+/* An application thread found its CQ empty (poll_cq): runs progress() of
+ * the engines that wait, at once, instead of leaving them to the thread's
+ * next pass (1 ms). A load of one word when nothing waits; never blocks. */
+extern std::atomic<size_t> progress_waiting_engines;
+void progress_poll_waiting_slow();
+inline void progress_poll_waiting()
+{
+	if (progress_waiting_engines.load(std::memory_order_relaxed))
+		progress_poll_waiting_slow();
+}
 /* Other periodic work of the progress thread (SRQ limits): fn(arg) runs on
  * it under its lock until unregistered. */
 void progress_register_poller(void *arg, void (*fn)(void *));

@@ -15,6 +15,8 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +39,18 @@ bool peer_rq(const PeerSegment &seg, uint64_t off, PeerRq &out);
 /* Takes one receive WQE (a copy) from a ring (CAS on head, any number of
  * consumers); false when empty. SRQ rings: checks the armed limit. */
 bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &sges);
+
+/* The producer's side (the ring's owner, under its post lock): writes
+ * `wr` into `slot` as ring index `index` and publishes it (RecvWqe::seq).
+ * The caller then advances tail. */
+void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index);
+
+/* RecvWqe::seq of a slot, the word producer and consumers synchronize on. */
+inline std::atomic_ref<uint32_t> rq_slot_seq(char *slot)
+{
+	return std::atomic_ref<uint32_t>(
+		*reinterpret_cast<uint32_t *>(slot + offsetof(shm::RecvWqe, seq)));
+}
 
 Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op,
 			   uint32_t qpn);

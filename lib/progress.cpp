@@ -18,12 +18,18 @@
 #include "datapath.h"
 #include "fork.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <set>
 #include <thread>
 
 namespace shmverbs {
+
+/* The size of `waiting` as last stored under the lock. A forked child's
+ * copy may count the parent's engines: its first look finds its own
+ * `waiting` empty and stores 0. */
+std::atomic<size_t> progress_waiting_engines{0};
 
 namespace {
 
@@ -77,6 +83,7 @@ void thread_main()
 				fn(arg);
 			next_sweep = Clock::now() + slow_period;
 		}
+		progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
 		auto until = st.waiting.empty() ? next_sweep : Clock::now() + retry_period;
 		st.wake.wait_until(guard, until, [&st] { return st.kicked; });
 	}
@@ -125,6 +132,19 @@ void progress_unregister(QpEngine *e)
 	std::lock_guard guard(st.lock);
 	st.engines.erase(e);
 	st.waiting.erase(e);
+	progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
+}
+
+void progress_poll_waiting_slow()
+{
+	ProgressState &st = state();
+	/* Never wait for the progress thread: it is at it already. */
+	std::unique_lock guard(st.lock, std::try_to_lock);
+	if (!guard.owns_lock())
+		return;
+	for (auto it = st.waiting.begin(); it != st.waiting.end();)
+		it = (*it)->progress() ? std::next(it) : st.waiting.erase(it);
+	progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
 }
 
 void progress_kick()

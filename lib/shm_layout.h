@@ -25,7 +25,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 4;
+constexpr uint32_t shm_version = 5;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -121,10 +121,15 @@ static_assert(sizeof(RecvSge) == 16);
 struct RecvWqe {
 	uint64_t wr_id;
 	uint32_t num_sge;
-	uint32_t reserved;
+	/* The low 32 bits of (ring index + 1) of the WQE in this slot, stored
+	 * (release) by the producer after the rest: a consumer learns that
+	 * index `head` is posted from the slot it reads anyway, not from the
+	 * producer's `tail` line (RecvQueue). Zeroed memory: nothing posted. */
+	uint32_t seq;
 	/* followed by max_sge RecvSge */
 };
 static_assert(sizeof(RecvWqe) == 16);
+static_assert(offsetof(RecvWqe, seq) % alignof(std::atomic<uint32_t>) == 0);
 
 constexpr uint32_t rq_magic = 0x51525152; /* "RQRQ" */
 
@@ -133,9 +138,15 @@ constexpr uint32_t rq_magic = 0x51525152; /* "RQRQ" */
  * consume (head), by CAS so that several may (SRQ, UD, XRC). A consumer
  * copies the WQE at `head` and only then CASes head forward: the producer
  * never rewrites a slot until head has passed it, so a copy taken before a
- * successful CAS is intact.
- *   producer: write slot tail; tail.store(tail+1, release)
- *   consumer: t = tail.load(acquire); copy slot head; head CAS (acq_rel)
+ * successful CAS is intact. Whether index `head` is posted, a consumer
+ * reads in the slot (RecvWqe::seq): per message it touches the head line
+ * (its own) and the slot, never the owner's tail line.
+ *   producer: write slot tail; slot.seq.store(tail+1, release);
+ *             tail.store(tail+1, release)
+ *   consumer: h = head; slot(h).seq.load(acquire) == h+1: copy slot, head
+ *             CAS h -> h+1 (acq_rel); otherwise empty if head is still h
+ * `tail` stays for the owner (room) and the SRQ limit (consumers read it
+ * only while a limit is armed).
  */
 struct RecvQueue {
 	uint32_t magic;

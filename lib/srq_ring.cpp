@@ -149,15 +149,8 @@ int post_srq_recv(Srq &srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 			*bad_wr = wr;
 			return ENOMEM;
 		}
-		char *slot = slots + (tail & (r->entries - 1)) * r->stride;
-		shm::RecvWqe wqe{wr->wr_id, uint32_t(wr->num_sge), 0};
-		std::memcpy(slot, &wqe, sizeof(wqe));
-		for (int i = 0; i < wr->num_sge; i++) {
-			shm::RecvSge s{wr->sg_list[i].addr, wr->sg_list[i].length,
-				       wr->sg_list[i].lkey};
-			std::memcpy(slot + sizeof(wqe) + i * sizeof(s), &s, sizeof(s));
-		}
-		/* Pairs with the consumers' acquire load of tail. */
+		dp::rq_publish(slots + (tail & (r->entries - 1)) * r->stride, *wr, tail);
+		/* Pairs with the limit check's acquire load of tail. */
 		rq->tail.store(tail + 1, std::memory_order_release);
 	}
 	return 0;

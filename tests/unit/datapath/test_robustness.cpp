@@ -127,3 +127,30 @@ TEST_CASE("RC: a zero-length SEND into a receive WQE without SGEs", "[robust]")
 	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 7 && wc.byte_len == 0 &&
 	       wc.opcode == IBV_WC_RECV));
 }
+
+TEST_CASE("RC: a SEND in its RNR wait goes as soon as the responder reposts, not at the timer",
+	  "[robust]")
+{
+	Pair p;
+	p.connect(); /* rnr_retry 7 */
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RTS;
+	a.min_rnr_timer = 0; /* 655.36 ms */
+	REQUIRE(ibv_modify_qp(p.b.qp, &a, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER) == 0);
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 1) == 0);
+	/* No receive yet: RNR, the requester waits. */
+	REQUIRE(Pair::quiet(p.a, 20));
+	/* A batch of receives (a quarter of the 16-entry RQ) ends the wait:
+	 * the requester's empty poll_cq retries early. */
+	for (uint64_t i = 0; i < 4; i++)
+		REQUIRE(Pair::post_recv(p.b, 100 + i, i * 64, 64) == 0);
+	auto t0 = std::chrono::steady_clock::now();
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+		std::chrono::steady_clock::now() - t0).count();
+	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 1));
+	CHECK(ms < 300);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 100));
+}
