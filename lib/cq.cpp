@@ -112,25 +112,32 @@ uint64_t monotonic_to_wallclock(uint64_t mono_ns)
 	return uint64_t(now_real - (now_mono - int64_t(mono_ns)));
 }
 
+/* Every ibv_wc field is written: ibv_poll_cq() decodes straight into the
+ * caller's array. */
+void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
+{
+	wc.wr_id = e.wr_id;
+	/* Only values the enums know leave the ring (a peer wrote them). */
+	wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
+							  : IBV_WC_GENERAL_ERR;
+	wc.opcode = ibv_wc_opcode(e.opcode);
+	wc.vendor_err = e.vendor_err;
+	wc.byte_len = e.byte_len;
+	wc.imm_data = e.imm_data;
+	wc.qp_num = e.qp_num;
+	wc.src_qp = e.src_qp;
+	wc.wc_flags = e.wc_flags;
+	wc.pkey_index = e.pkey_index;
+	wc.slid = e.slid;
+	wc.sl = e.sl;
+	wc.dlid_path_bits = e.dlid_path_bits;
+}
+
 void read_entry(const shm::CqEntry &e, Completion &c)
 {
 	c = Completion{};
-	c.wc.wr_id = e.wr_id;
+	read_wc(e, c.wc);
 	c.timestamp_ns = e.timestamp_ns;
-	/* Only values the enums know leave the ring (a peer wrote them). */
-	c.wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
-							    : IBV_WC_GENERAL_ERR;
-	c.wc.opcode = ibv_wc_opcode(e.opcode);
-	c.wc.vendor_err = e.vendor_err;
-	c.wc.byte_len = e.byte_len;
-	c.wc.imm_data = e.imm_data;
-	c.wc.qp_num = e.qp_num;
-	c.wc.src_qp = e.src_qp;
-	c.wc.wc_flags = e.wc_flags;
-	c.wc.pkey_index = e.pkey_index;
-	c.wc.slid = e.slid;
-	c.wc.sl = e.sl;
-	c.wc.dlid_path_bits = e.dlid_path_bits;
 	c.solicited = e.solicited;
 }
 
@@ -183,7 +190,11 @@ thread_local Cq *polling_batch = nullptr;
 
 } // namespace
 
-bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
+namespace {
+
+/* The consumer's loop; `decode(entry)` copies a published entry out. */
+template <typename Decode>
+bool consume_one(shm::CqRing &ring, uint32_t capacity, Decode &&decode)
 {
 	const unsigned lg = log2_of(capacity);
 	for (;;) {
@@ -196,8 +207,9 @@ bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
 		uint64_t st = e->state.load(std::memory_order_acquire);
 		bool take = st == (shm::cq_slot_ready | tag);
 		if (take) {
-			read_entry(*e, out);
-			if (counts_as_solicited(out))
+			decode(*e);
+			/* counts_as_solicited(), from the entry. */
+			if (e->solicited || e->status != IBV_WC_SUCCESS)
 				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
 		} else if (!((st & shm::cq_slot_kind_mask) == shm::cq_slot_claimed &&
 			     (st & shm::cq_slot_tag_mask) == tag &&
@@ -214,6 +226,13 @@ bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
 			return true;
 		/* A dead producer's slot: skipped. */
 	}
+}
+
+} // namespace
+
+bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
+{
+	return consume_one(ring, capacity, [&](const shm::CqEntry &e) { read_entry(e, out); });
 }
 
 namespace {
@@ -669,9 +688,11 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	std::lock_guard guard(cq.lock);
 	report_overrun(cq);
 	int n = 0;
-	Completion c;
-	while (n < num_entries && pop_completion(cq, c))
-		wc[n++] = c.wc;
+	shm::CqRing &ring = *cq.ring;
+	const uint32_t cap = cq.capacity;
+	while (n < num_entries &&
+	       consume_one(ring, cap, [&](const shm::CqEntry &e) { read_wc(e, wc[n]); }))
+		n++;
 	return n;
 }
 
