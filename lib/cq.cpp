@@ -784,8 +784,15 @@ uint64_t cq_ring_bytes(uint32_t capacity)
 	return shm::cq_slots_offset + uint64_t(capacity) * sizeof(shm::CqEntry);
 }
 
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
-		    bool *overrun_now, uint64_t *cons_seen)
+namespace {
+
+/* The producer's protocol (cq_ring_produce()); `fill(entry)` writes every
+ * field of a claimed entry but its state. `solicited`: the completion
+ * counts as solicited (counts_as_solicited()); `stamped`: it comes with its
+ * timestamp. */
+template <typename Fill>
+int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, Fill &&fill,
+		  int channel_fd, bool *overrun_now, uint64_t *cons_seen)
 {
 	if (overrun_now)
 		*overrun_now = false;
@@ -835,18 +842,67 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 			ring.prod.compare_exchange_strong(expected, p + 1, std::memory_order_seq_cst);
 		}
 	}
-	fill_entry(*e, c);
+	fill(*e);
 	/* The completion's time is when it is written; only CQs that report
 	 * it pay for the clock (an entry may come stamped: the test hook). */
-	if (ring.timestamps && !c.timestamp_ns)
+	if (ring.timestamps && !stamped)
 		e->timestamp_ns = monotonic_ns();
-	bool sol = counts_as_solicited(c);
 	/* Pairs with the consumer's acquire load of the state. */
 	e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(p, lg), std::memory_order_seq_cst);
 	if (sol)
 		ring.solicited_published.fetch_add(1, std::memory_order_seq_cst);
 	maybe_fire(ring, sol, channel_fd);
 	return 0;
+}
+
+} // namespace
+
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
+		    bool *overrun_now, uint64_t *cons_seen)
+{
+	return produce_entry(
+		ring, capacity, counts_as_solicited(c), c.timestamp_ns != 0,
+		[&](shm::CqEntry &e) { fill_entry(e, c); }, channel_fd, overrun_now, cons_seen);
+}
+
+int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
+			    enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len)
+{
+	if (polling_batch == &cq) {
+		Completion c{};
+		c.wc.wr_id = wr_id;
+		c.wc.status = status;
+		c.wc.opcode = opcode;
+		c.wc.qp_num = qp_num;
+		c.wc.byte_len = byte_len;
+		return deliver_completion(cq, c);
+	}
+	/* What fill_entry() writes for that Completion, without building it. */
+	auto fill = [&](shm::CqEntry &e) {
+		e.wr_id = wr_id;
+		e.timestamp_ns = 0;
+		e.status = uint8_t(status);
+		e.opcode = uint8_t(opcode);
+		e.vendor_err = 0;
+		e.byte_len = byte_len;
+		e.imm_data = 0;
+		e.qp_num = qp_num;
+		e.src_qp = 0;
+		e.wc_flags = 0;
+		e.pkey_index = 0;
+		e.slid = 0;
+		e.sl = 0;
+		e.dlid_path_bits = 0;
+		e.solicited = 0;
+	};
+	bool overrun_now = false;
+	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false, fill,
+				cq.channel ? cq.channel->ibv.fd : -1, &overrun_now, nullptr);
+	if (overrun_now) {
+		std::lock_guard guard(cq.lock);
+		report_overrun(cq);
+	}
+	return err;
 }
 
 int deliver_completion(Cq &cq, const Completion &c)
