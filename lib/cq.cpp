@@ -113,25 +113,32 @@ uint64_t monotonic_to_wallclock(uint64_t mono_ns)
 	return uint64_t(now_real - (now_mono - int64_t(mono_ns)));
 }
 
+/* Every ibv_wc field is written: ibv_poll_cq() decodes straight into the
+ * caller's array. */
+void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
+{
+	wc.wr_id = e.wr_id;
+	/* Only values the enums know leave the ring (a peer wrote them). */
+	wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
+							  : IBV_WC_GENERAL_ERR;
+	wc.opcode = ibv_wc_opcode(e.opcode);
+	wc.vendor_err = e.vendor_err;
+	wc.byte_len = e.byte_len;
+	wc.imm_data = e.imm_data;
+	wc.qp_num = e.qp_num;
+	wc.src_qp = e.src_qp;
+	wc.wc_flags = e.wc_flags;
+	wc.pkey_index = e.pkey_index;
+	wc.slid = e.slid;
+	wc.sl = e.sl;
+	wc.dlid_path_bits = e.dlid_path_bits;
+}
+
 void read_entry(const shm::CqEntry &e, Completion &c)
 {
 	c = Completion{};
-	c.wc.wr_id = e.wr_id;
+	read_wc(e, c.wc);
 	c.timestamp_ns = e.timestamp_ns;
-	/* Only values the enums know leave the ring (a peer wrote them). */
-	c.wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
-							    : IBV_WC_GENERAL_ERR;
-	c.wc.opcode = ibv_wc_opcode(e.opcode);
-	c.wc.vendor_err = e.vendor_err;
-	c.wc.byte_len = e.byte_len;
-	c.wc.imm_data = e.imm_data;
-	c.wc.qp_num = e.qp_num;
-	c.wc.src_qp = e.src_qp;
-	c.wc.wc_flags = e.wc_flags;
-	c.wc.pkey_index = e.pkey_index;
-	c.wc.slid = e.slid;
-	c.wc.sl = e.sl;
-	c.wc.dlid_path_bits = e.dlid_path_bits;
 	c.solicited = e.solicited;
 }
 
@@ -180,11 +187,17 @@ bool surely_empty(const Cq &cq)
 /* The CQ whose ibv_start_poll() batch this thread is inside (its lock held),
  * if any: completions this thread produces into it meanwhile are deferred
  * to end_poll() (see deliver_completion()). */
-thread_local Cq *polling_batch = nullptr;
+/* Read for every delivered completion: initial-exec, one %fs load instead of
+ * a __tls_get_addr call (as memshare's per-thread cache). */
+thread_local __attribute__((tls_model("initial-exec"))) Cq *polling_batch = nullptr;
 
 } // namespace
 
-bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
+namespace {
+
+/* The consumer's loop; `decode(entry)` copies a published entry out. */
+template <typename Decode>
+bool consume_one(shm::CqRing &ring, uint32_t capacity, Decode &&decode)
 {
 	const unsigned lg = log2_of(capacity);
 	for (;;) {
@@ -197,8 +210,9 @@ bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
 		uint64_t st = e->state.load(std::memory_order_acquire);
 		bool take = st == (shm::cq_slot_ready | tag);
 		if (take) {
-			read_entry(*e, out);
-			if (counts_as_solicited(out))
+			decode(*e);
+			/* counts_as_solicited(), from the entry. */
+			if (e->solicited || e->status != IBV_WC_SUCCESS)
 				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
 		} else if (!((st & shm::cq_slot_kind_mask) == shm::cq_slot_claimed &&
 			     (st & shm::cq_slot_tag_mask) == tag &&
@@ -215,6 +229,13 @@ bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
 			return true;
 		/* A dead producer's slot: skipped. */
 	}
+}
+
+} // namespace
+
+bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
+{
+	return consume_one(ring, capacity, [&](const shm::CqEntry &e) { read_entry(e, out); });
 }
 
 namespace {
@@ -675,9 +696,11 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	std::lock_guard guard(cq.lock);
 	report_overrun(cq);
 	int n = 0;
-	Completion c;
-	while (n < num_entries && pop_completion(cq, c))
-		wc[n++] = c.wc;
+	shm::CqRing &ring = *cq.ring;
+	const uint32_t cap = cq.capacity;
+	while (n < num_entries &&
+	       consume_one(ring, cap, [&](const shm::CqEntry &e) { read_wc(e, wc[n]); }))
+		n++;
 	return n;
 }
 
@@ -769,8 +792,15 @@ uint64_t cq_ring_bytes(uint32_t capacity)
 	return shm::cq_slots_offset + uint64_t(capacity) * sizeof(shm::CqEntry);
 }
 
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
-		    bool *overrun_now, uint64_t *cons_seen)
+namespace {
+
+/* The producer's protocol (cq_ring_produce()); `fill(entry)` writes every
+ * field of a claimed entry but its state. `solicited`: the completion
+ * counts as solicited (counts_as_solicited()); `stamped`: it comes with its
+ * timestamp. */
+template <typename Fill>
+int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, Fill &&fill,
+		  int channel_fd, bool *overrun_now, uint64_t *cons_seen)
 {
 	if (overrun_now)
 		*overrun_now = false;
@@ -820,18 +850,67 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 			ring.prod.compare_exchange_strong(expected, p + 1, std::memory_order_seq_cst);
 		}
 	}
-	fill_entry(*e, c);
+	fill(*e);
 	/* The completion's time is when it is written; only CQs that report
 	 * it pay for the clock (an entry may come stamped: the test hook). */
-	if (ring.timestamps && !c.timestamp_ns)
+	if (ring.timestamps && !stamped)
 		e->timestamp_ns = monotonic_ns();
-	bool sol = counts_as_solicited(c);
 	/* Pairs with the consumer's acquire load of the state. */
 	e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(p, lg), std::memory_order_seq_cst);
 	if (sol)
 		ring.solicited_published.fetch_add(1, std::memory_order_seq_cst);
 	maybe_fire(ring, sol, channel_fd);
 	return 0;
+}
+
+} // namespace
+
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
+		    bool *overrun_now, uint64_t *cons_seen)
+{
+	return produce_entry(
+		ring, capacity, counts_as_solicited(c), c.timestamp_ns != 0,
+		[&](shm::CqEntry &e) { fill_entry(e, c); }, channel_fd, overrun_now, cons_seen);
+}
+
+int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
+			    enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len)
+{
+	if (polling_batch == &cq) {
+		Completion c{};
+		c.wc.wr_id = wr_id;
+		c.wc.status = status;
+		c.wc.opcode = opcode;
+		c.wc.qp_num = qp_num;
+		c.wc.byte_len = byte_len;
+		return deliver_completion(cq, c);
+	}
+	/* What fill_entry() writes for that Completion, without building it. */
+	auto fill = [&](shm::CqEntry &e) {
+		e.wr_id = wr_id;
+		e.timestamp_ns = 0;
+		e.status = uint8_t(status);
+		e.opcode = uint8_t(opcode);
+		e.vendor_err = 0;
+		e.byte_len = byte_len;
+		e.imm_data = 0;
+		e.qp_num = qp_num;
+		e.src_qp = 0;
+		e.wc_flags = 0;
+		e.pkey_index = 0;
+		e.slid = 0;
+		e.sl = 0;
+		e.dlid_path_bits = 0;
+		e.solicited = 0;
+	};
+	bool overrun_now = false;
+	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false, fill,
+				cq.channel ? cq.channel->ibv.fd : -1, &overrun_now, nullptr);
+	if (overrun_now) {
+		std::lock_guard guard(cq.lock);
+		report_overrun(cq);
+	}
+	return err;
 }
 
 int deliver_completion(Cq &cq, const Completion &c)

@@ -157,6 +157,11 @@ int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
  * Thread-safe; may be called from inside a poll batch of the same thread.
  */
 int deliver_completion(Cq &cq, const Completion &c);
+/* deliver_completion() of a send completion: the given fields, every other
+ * one zero (not solicited, no timestamp given), without building a
+ * Completion on the common path. */
+int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
+			    enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len);
 
 /*
  * The producer side for any process: appends to a CQ ring (mapped from the

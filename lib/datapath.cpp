@@ -652,9 +652,8 @@ void QpEngine::complete_send(const SendWr &wr, enum ibv_wc_status status, const 
 		return;
 	if (!send_cq_)
 		return;
-	Completion c = make_completion(wr.wr_id, status, send_wc_opcode(wr.opcode), qpn_);
-	c.wc.byte_len = wc.byte_len;
-	deliver_completion(*send_cq_, c);
+	deliver_send_completion(*send_cq_, wr.wr_id, status, send_wc_opcode(wr.opcode), qpn_,
+				wc.byte_len);
 }
 
 bool QpEngine::progress()
