@@ -307,6 +307,9 @@ int ex_start_poll(struct ibv_cq_ex *ibcq, struct ibv_poll_cq_attr *attr)
 	if (attr && attr->comp_mask)
 		return EINVAL;
 	Cq &cq = *Cq::from(ibcq);
+	/* A CQ of the parent, polled in a forked child (lib/fork.h). */
+	if (cq.ctx->inherited.load(std::memory_order_relaxed))
+		return EIO;
 	if (surely_empty(cq))
 		return ENOENT;
 	cq.lock.lock();

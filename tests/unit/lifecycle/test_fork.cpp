@@ -42,6 +42,9 @@ void expect(bool ok, const char *what)
 	}
 }
 
+/* An extended CQ of the parent (ibv_start_poll() is not a context slot). */
+struct ibv_cq_ex *parent_cq_ex = nullptr;
+
 /* The child: first the parent's objects, then its own device. Reports its
  * UD QP number on `to_parent`; exits 0 when everything held. */
 [[noreturn]] void child_main(UdEnd &parent, int to_parent, int from_parent)
@@ -57,6 +60,8 @@ void expect(bool ok, const char *what)
 	expect(post_recv(parent.dev.qp, parent.mr, parent.buf, 1) == EIO, "post_recv EIO");
 	struct ibv_wc wc{};
 	expect(ibv_poll_cq(parent.dev.cq, 1, &wc) < 0, "poll_cq < 0");
+	struct ibv_poll_cq_attr pa{};
+	expect(ibv_start_poll(parent_cq_ex, &pa) == EIO, "start_poll EIO"); /* not ENOENT */
 	expect(ibv_req_notify_cq(parent.dev.cq, 0) == EIO, "req_notify_cq EIO");
 	struct ibv_qp_attr qa{};
 	qa.qp_state = IBV_QPS_ERR;
@@ -114,6 +119,18 @@ TEST_CASE("fork: the child opens the device and runs the data path; the parent's
 {
 	UdEnd parent;
 	REQUIRE(post_recv(parent.dev.qp, parent.mr, parent.buf, 1) == 0);
+	struct ibv_cq_init_attr_ex cqa{};
+	cqa.cqe = 4;
+	cqa.wc_flags = IBV_WC_STANDARD_FLAGS;
+	parent_cq_ex = ibv_create_cq_ex(parent.dev.ctx, &cqa);
+	REQUIRE(parent_cq_ex);
+	struct CqExGuard {
+		~CqExGuard()
+		{
+			ibv_destroy_cq(ibv_cq_ex_to_cq(parent_cq_ex));
+			parent_cq_ex = nullptr;
+		}
+	} cq_ex_guard;
 	int up[2], down[2];
 	REQUIRE(pipe(up) == 0);
 	REQUIRE(pipe(down) == 0);
