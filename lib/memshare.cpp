@@ -742,6 +742,9 @@ void on_fork_prepare()
 			ranges.push_back({m.start, m.end, m.prot, nullptr, m.dontfork, false});
 	if (ranges.empty())
 		return;
+	/* The child's first touch of a range comes to on_segv, even if the
+	 * application installed its own handler since our last switch. */
+	install_segv_handler();
 	size_t bytes = (ranges.size() * sizeof(ForkRange) + page_size() - 1) & ~(page_size() - 1);
 	void *table = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (table == MAP_FAILED) {

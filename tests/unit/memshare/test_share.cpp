@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -469,22 +470,32 @@ TEST_CASE("fork: a child's writes before memshare's handler runs never reach the
 	/* Registered pages on the heap hold other objects too. A child writes
 	 * them before any handler of ours has run (glibc's arena headers,
 	 * earlier handlers): the parent must not see it. */
-	auto *obj = new EarlyObject{1};
-	auto *neighbour = new std::vector<char>(3000, 'n');
-	REQUIRE(share(obj, sizeof(*obj)) == Path::shared);
-	early_object = obj;
-	int rc = run_child([&] {
-		if (obj->value != 0xbad) /* the child sees its own write */
-			return 1;
-		return (*neighbour)[2999] == 'n' ? 0 : 2;
-	});
-	early_object = nullptr;
-	CHECK(rc == 0);
-	CHECK(obj->value == 1);
-	unshare(obj, sizeof(*obj));
-	CHECK(obj->value == 1);
-	delete neighbour;
-	delete obj;
+	for (bool app_handler : {false, true}) {
+		CAPTURE(app_handler);
+		auto *obj = new EarlyObject{1};
+		auto *neighbour = new std::vector<char>(3000, 'n');
+		REQUIRE(share(obj, sizeof(*obj)) == Path::shared);
+		/* The application set its own SIGSEGV action since our switch. */
+		struct sigaction dfl = {}, saved = {};
+		dfl.sa_handler = SIG_DFL;
+		if (app_handler)
+			REQUIRE(sigaction(SIGSEGV, &dfl, &saved) == 0);
+		early_object = obj;
+		int rc = run_child([&] {
+			if (obj->value != 0xbad) /* the child sees its own write */
+				return 1;
+			return (*neighbour)[2999] == 'n' ? 0 : 2;
+		});
+		early_object = nullptr;
+		if (app_handler)
+			sigaction(SIGSEGV, &saved, nullptr);
+		CHECK(rc == 0);
+		CHECK(obj->value == 1);
+		unshare(obj, sizeof(*obj));
+		CHECK(obj->value == 1);
+		delete neighbour;
+		delete obj;
+	}
 }
 
 TEST_CASE("heap pages switched while their allocating thread keeps using the heap",
