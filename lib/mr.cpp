@@ -5,8 +5,8 @@
 #include "device.h"
 #include "fork.h"
 #include "log.h"
+#include "process.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -284,41 +284,6 @@ uint32_t KeyTable::publish(uint32_t index, const KeyEntry &entry, uint8_t varian
 
 namespace {
 
-/* A process that can no longer touch anything: gone, or a zombie whose
- * threads have all exited (a killed child its parent has not reaped yet).
- * A zombie group leader with live threads is alive: /proc/<pid>/task then
- * lists them too. */
-bool holder_gone(pid_t pid)
-{
-	if (pid <= 0)
-		return false;
-	if (::kill(pid, 0) != 0)
-		return errno == ESRCH;
-	char path[64];
-	std::snprintf(path, sizeof(path), "/proc/%d/stat", int(pid));
-	FILE *f = std::fopen(path, "re");
-	if (!f)
-		return errno == ENOENT;
-	char buf[512];
-	size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-	std::fclose(f);
-	buf[n] = 0;
-	/* "pid (comm) S ...": comm may hold anything, the state follows the
-	 * last ')'. */
-	const char *paren = std::strrchr(buf, ')');
-	if (!paren || paren[1] != ' ' || (paren[2] != 'Z' && paren[2] != 'X'))
-		return false;
-	std::snprintf(path, sizeof(path), "/proc/%d/task", int(pid));
-	DIR *d = opendir(path);
-	if (!d)
-		return true;
-	unsigned tasks = 0;
-	while (struct dirent *e = readdir(d))
-		tasks += e->d_name[0] != '.';
-	closedir(d);
-	return tasks <= 1;
-}
-
 /* Clears the holder entries of processes that died holding the slot;
  * true when live holds remain in them. */
 bool live_remote_holders(KeySlot &s, uint32_t key_was)
@@ -329,7 +294,7 @@ bool live_remote_holders(KeySlot &s, uint32_t key_was)
 		if (!v)
 			continue;
 		pid_t pid = pid_t(key_holder_pid(v));
-		if (!holder_gone(pid)) {
+		if (!process_gone(pid)) {
 			live = live || key_holder_count(v) != 0;
 			continue;
 		}
