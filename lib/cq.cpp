@@ -10,6 +10,7 @@
 #include "cq.h"
 #include "datapath.h"
 #include "device.h"
+#include "process.h"
 #include "segment.h"
 
 #include <pthread.h>
@@ -142,11 +143,6 @@ void read_entry(const shm::CqEntry &e, Completion &c)
 	c.solicited = e.solicited;
 }
 
-bool pid_dead(uint32_t pid)
-{
-	return pid && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
-}
-
 unsigned log2_of(uint32_t capacity) { return unsigned(__builtin_ctz(capacity)); }
 
 /* getpid() is a system call (glibc keeps no cache), and every produced
@@ -172,6 +168,30 @@ uint64_t monotonic_ns()
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+/* Whether the producer `pid` that claimed slot `index` of `ring` and has not
+ * filled it will never do so. Gone (kill: ESRCH): at once. A zombie (killed,
+ * not yet reaped by its parent, who may be the very process polling): only
+ * for a claim this thread has seen outstanding for over a millisecond, since
+ * telling a zombie reads /proc and a live producer fills its slot within
+ * nanoseconds. */
+bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid)
+{
+	if (!pid)
+		return false;
+	if (::kill(pid_t(pid), 0) != 0)
+		return errno == ESRCH;
+	thread_local const shm::CqRing *seen_ring = nullptr;
+	thread_local uint64_t seen_index = 0, seen_ns = 0;
+	const uint64_t now = monotonic_ns();
+	if (seen_ring != &ring || seen_index != index) {
+		seen_ring = &ring;
+		seen_index = index;
+		seen_ns = now;
+		return false;
+	}
+	return now - seen_ns >= 1000000 && process_gone(pid_t(pid));
 }
 
 /* Nothing to poll and no overrun to report: a couple of loads, no lock.
@@ -216,7 +236,7 @@ bool consume_one(shm::CqRing &ring, uint32_t capacity, Decode &&decode)
 				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
 		} else if (!((st & shm::cq_slot_kind_mask) == shm::cq_slot_claimed &&
 			     (st & shm::cq_slot_tag_mask) == tag &&
-			     pid_dead(uint32_t(st & shm::cq_slot_pid_mask)))) {
+			     claim_abandoned(ring, c, uint32_t(st & shm::cq_slot_pid_mask)))) {
 			return false; /* being filled */
 		}
 		/* Free for the next lap. Release: our copy is done before a
