@@ -354,6 +354,23 @@ void wait_event(struct ibv_comp_channel *ch, const char *what)
 	ibv_ack_cq_events(cq, 1);
 }
 
+/* Swaps QP numbers and endpoints with the peer over the control socket; the
+ * client speaks first. */
+void exchange(int ctl, bool server, Side &s, std::vector<uint32_t> &peer, Endpoint &pe)
+{
+	Endpoint me = s.endpoint();
+	if (!server) {
+		send_vec(ctl, s.qpns());
+		write_all(ctl, &me, sizeof(me));
+	}
+	peer = recv_vec<uint32_t>(ctl);
+	read_all(ctl, &pe, sizeof(pe));
+	if (server) {
+		send_vec(ctl, s.qpns());
+		write_all(ctl, &me, sizeof(me));
+	}
+}
+
 /* Polls exactly one completion, bounded; fails on an error status. With a
  * channel, sleeps on it instead of spinning (armed, then polled again, so
  * that no completion is missed). */
@@ -474,19 +491,9 @@ void run_connect(const Options &o, int ctl, bool server)
 	for (uint32_t i = 0; i < o.qps; i++)
 		post_recv(s.qps[i], i, s, recv_slot(i), small_msg);
 	std::vector<uint32_t> peer;
-	uint16_t peer_lid;
-	if (server) {
-		peer = recv_vec<uint32_t>(ctl);
-		read_all(ctl, &peer_lid, sizeof(peer_lid));
-		send_vec(ctl, s.qpns());
-		write_all(ctl, &s.lid, sizeof(s.lid));
-	} else {
-		send_vec(ctl, s.qpns());
-		write_all(ctl, &s.lid, sizeof(s.lid));
-		peer = recv_vec<uint32_t>(ctl);
-		read_all(ctl, &peer_lid, sizeof(peer_lid));
-	}
-	s.connect(peer, peer_lid);
+	Endpoint pe{};
+	exchange(ctl, server, s, peer, pe);
+	s.connect(peer, pe.lid);
 	sync_byte(ctl, !server); /* both sides in RTS with receives posted */
 	double connect_s = seconds_since(t1);
 
@@ -530,18 +537,7 @@ void run_bw(const Options &o, int ctl, bool server)
 	s.make_qps(o.qps, per_qp_depth, 1, int(window), 1);
 	std::vector<uint32_t> peer;
 	Endpoint pe{};
-	Endpoint me = s.endpoint();
-	if (server) {
-		peer = recv_vec<uint32_t>(ctl);
-		read_all(ctl, &pe, sizeof(pe));
-		send_vec(ctl, s.qpns());
-		write_all(ctl, &me, sizeof(me));
-	} else {
-		send_vec(ctl, s.qpns());
-		write_all(ctl, &me, sizeof(me));
-		peer = recv_vec<uint32_t>(ctl);
-		read_all(ctl, &pe, sizeof(pe));
-	}
+	exchange(ctl, server, s, peer, pe);
 	s.init();
 	s.connect(peer, pe.lid);
 	sync_byte(ctl, !server);
@@ -742,18 +738,7 @@ void run_work(const Options &o, int ctl, bool server)
 	s.make_qps(1, o.batch + 2, 4, int(o.batch) + 4, 4);
 	std::vector<uint32_t> peer;
 	Endpoint pe{};
-	Endpoint me = s.endpoint();
-	if (server) {
-		peer = recv_vec<uint32_t>(ctl);
-		read_all(ctl, &pe, sizeof(pe));
-		send_vec(ctl, s.qpns());
-		write_all(ctl, &me, sizeof(me));
-	} else {
-		send_vec(ctl, s.qpns());
-		write_all(ctl, &me, sizeof(me));
-		peer = recv_vec<uint32_t>(ctl);
-		read_all(ctl, &pe, sizeof(pe));
-	}
+	exchange(ctl, server, s, peer, pe);
 	struct ibv_qp *qp = s.qps[0];
 	s.init();
 	post_recv(qp, 0, s, area, small_msg);
