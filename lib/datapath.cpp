@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <thread>
 
 namespace shmverbs {
@@ -81,13 +82,13 @@ KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
 }
 
 /* Local SGEs checked against our key table; iovecs of our memory. */
-enum ibv_wc_status local_iovecs(uint32_t device, uint32_t pdn, const SmallVec<ibv_sge, 4> &sges,
-				uint32_t access, std::vector<struct iovec> &out,
+enum ibv_wc_status local_iovecs(uint32_t device, uint32_t pdn, const struct ibv_sge *sges,
+				int count, uint32_t access, std::vector<struct iovec> &out,
 				std::vector<KeyRef> &refs, uint64_t &total)
 {
 	KeyTable &keys = KeyTable::of(*devices()[device]);
 	total = 0;
-	for (const ibv_sge &s : sges) {
+	for (const ibv_sge &s : std::span(sges, size_t(count))) {
 		if (!s.length)
 			continue;
 		KeyRef ref = keys.acquire(s.lkey);
@@ -405,9 +406,9 @@ void QpEngine::flush()
 
 void QpEngine::flush_locked()
 {
-	struct ibv_wc none{};
 	while (!sq_.empty()) {
-		complete_send(sq_.front(), IBV_WC_WR_FLUSH_ERR, none);
+		const SendWr &wr = sq_.front();
+		complete_send(wr.wr_id, wr.send_flags, wr.opcode, IBV_WC_WR_FLUSH_ERR, 0);
 		sq_.pop_front();
 	}
 	if (rq_ && recv_cq_) {
@@ -535,7 +536,7 @@ bool QpEngine::run_now(SendWr &wr, bool &fatal)
 	Outcome o = execute(wr, wc);
 	if (o == Outcome::Wait)
 		return false;
-	complete_send(wr, wc.status, wc);
+	complete_send(wr.wr_id, wr.send_flags, wr.opcode, wc.status, wc.byte_len);
 	fatal = o == Outcome::Fatal;
 	return true;
 }
@@ -573,6 +574,10 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				break;
 			}
 			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR) {
+				if (Direct d = try_direct(*wr); d != Direct::NotTaken) {
+					fatal = d == Direct::Fatal;
+					continue;
+				}
 				if ((err = fill(scratch_, wr)))
 					break;
 				if (!run_now(scratch_, fatal)) {
@@ -645,15 +650,15 @@ void QpEngine::release_holds()
 	}
 }
 
-void QpEngine::complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc)
+void QpEngine::complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_wr_opcode opcode,
+			     enum ibv_wc_status status, uint32_t byte_len)
 {
-	bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all;
+	bool signaled = (send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all;
 	if (status == IBV_WC_SUCCESS && !signaled)
 		return;
 	if (!send_cq_)
 		return;
-	deliver_send_completion(*send_cq_, wr.wr_id, status, send_wc_opcode(wr.opcode), qpn_,
-				wc.byte_len);
+	deliver_send_completion(*send_cq_, wr_id, status, send_wc_opcode(opcode), qpn_, byte_len);
 }
 
 bool QpEngine::progress()
@@ -687,7 +692,7 @@ bool QpEngine::progress()
 			release_holds();
 			if (o == Outcome::Wait)
 				return true;
-			complete_send(wr, wc.status, wc);
+			complete_send(wr.wr_id, wr.send_flags, wr.opcode, wc.status, wc.byte_len);
 			sq_.pop_front();
 			fatal = o == Outcome::Fatal;
 		}
@@ -739,9 +744,9 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	if (!wr.inline_data.empty()) {
 		local.push_back({wr.inline_data.data(), wr.inline_data.size()});
 		length = wr.inline_data.size();
-	} else if (enum ibv_wc_status s = local_iovecs(device_, pdn_, wr.sge,
-						       into_local ? IBV_ACCESS_LOCAL_WRITE : 0, local,
-						       local_refs, length)) {
+	} else if (enum ibv_wc_status s = local_iovecs(
+			   device_, pdn_, wr.sge.data(), int(wr.sge.size()),
+			   into_local ? IBV_ACCESS_LOCAL_WRITE : 0, local, local_refs, length)) {
 		return fail(s);
 	}
 	wc.byte_len = uint32_t(length);
@@ -753,9 +758,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	 * the broker cache. */
 	uint32_t target_qpn = attr_.dest_qp_num;
 	int err = 0;
-	if (!target_.desc || target_.qpn != target_qpn ||
-	    target_.seg->gone.load(std::memory_order_acquire) ||
-	    target_.desc->magic != shm::qp_magic || target_.desc->qpn != target_qpn) {
+	if (!target_valid(target_qpn)) {
 		release_holds(); /* they point into the old target's segment */
 		target_ = {};
 		PeerObject obj;
@@ -885,33 +888,20 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			return fail(st);
 		access_pdn = rs.pdn;
 	}
-	/* A one-sided operation needs both the responder QP's permission
-	 * (qp_access_flags; for XRC the XRC_RECV QP's, which t.desc is) and
-	 * the MR's; either missing is the same remote access error. The key
-	 * stays held (held_) for the next WRs of this post naming it too: a
-	 * held key cannot be withdrawn, so its entry is still the key's. */
-	auto remote_key = [&](uint32_t access, uint64_t len) -> const KeyRef * {
-		if (!(t.desc->access_flags.load(std::memory_order_relaxed) & access))
-			return nullptr;
-		if (!held_.rkey || held_.rkey_value != wr.rkey || held_.rkey_seg != &peer) {
-			held_.rkey = acquire_key(peer, wr.rkey);
-			held_.rkey_value = wr.rkey;
-			held_.rkey_seg = &peer;
-		}
-		const KeyRef &ref = held_.rkey;
-		if (ref && ref->kind != KeyKind::NullMr && ref->pdn == access_pdn &&
-		    ref.permits(wr.remote_addr, len, access))
-			return &ref;
-		return nullptr;
-	};
 	auto responder_error = [&](uint32_t what) {
 		t.desc->remote_error.store(what, std::memory_order_release);
 	};
 
 	switch (wr.opcode) {
 	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return one_sided({wr.opcode, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap}, *t.desc,
+				 peer, access_pdn, local, wc);
 	case IBV_WR_RDMA_WRITE_WITH_IMM: {
-		const KeyRef *rkey = remote_key(IBV_ACCESS_REMOTE_WRITE, length);
+		const KeyRef *rkey = hold_rkey(peer, *t.desc, access_pdn, wr.rkey, wr.remote_addr, length,
+					       IBV_ACCESS_REMOTE_WRITE);
 		if (!rkey) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC: dropped */
@@ -920,25 +910,22 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			responder_error(shm::remote_error_access);
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		}
-		/* WRITE_WITH_IMM needs a receive WQE before anything moves. */
+		/* The immediate needs a receive WQE before anything moves. */
 		shm::RecvWqe wqe{};
 		std::vector<shm::RecvSge> rsges;
-		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-			if (enum ibv_wc_status st = open_recv_side())
-				return fail(st);
-			if ((rnr_early_attempt && !rq_refilled(rs.q)) ||
-			    !consume_wqe(rs.q, wqe, rsges)) {
-				if (!reliable) {
-					wc.status = IBV_WC_SUCCESS;
-					return Outcome::Done;
-				}
-				goto rnr;
+		if (enum ibv_wc_status st = open_recv_side())
+			return fail(st);
+		if ((rnr_early_attempt && !rq_refilled(rs.q)) || !consume_wqe(rs.q, wqe, rsges)) {
+			if (!reliable) {
+				wc.status = IBV_WC_SUCCESS;
+				return Outcome::Done;
 			}
+			goto rnr;
 		}
 		if (length && remote_write(peer, **rkey, rkey->address_of(wr.remote_addr), local.data(),
 					   int(local.size())))
 			return fail(IBV_WC_REM_ACCESS_ERR);
-		if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+		{
 			Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS,
 							IBV_WC_RECV_RDMA_WITH_IMM, target_qpn);
 			rc.wc.byte_len = uint32_t(length);
@@ -948,58 +935,6 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			rc.solicited = wr.send_flags & IBV_SEND_SOLICITED;
 			produce_recv(rc);
 		}
-		wc.status = IBV_WC_SUCCESS;
-		return Outcome::Done;
-	}
-	case IBV_WR_RDMA_READ: {
-		const KeyRef *rkey = remote_key(IBV_ACCESS_REMOTE_READ, length);
-		if (!rkey) {
-			responder_error(shm::remote_error_access);
-			return fail(IBV_WC_REM_ACCESS_ERR);
-		}
-		if (length && remote_read(peer, **rkey, rkey->address_of(wr.remote_addr), local.data(),
-					  int(local.size())))
-			return fail(IBV_WC_REM_ACCESS_ERR);
-		wc.status = IBV_WC_SUCCESS;
-		return Outcome::Done;
-	}
-	case IBV_WR_ATOMIC_CMP_AND_SWP:
-	case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-		if (length < 8 || (wr.remote_addr & 7))
-			return fail(IBV_WC_REM_INV_REQ_ERR);
-		const KeyRef *rkey = remote_key(IBV_ACCESS_REMOTE_ATOMIC, 8);
-		if (!rkey) {
-			responder_error(shm::remote_error_access);
-			return fail(IBV_WC_REM_ACCESS_ERR);
-		}
-		uint64_t old = 0;
-		AtomicOp op = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? AtomicOp::CmpSwp : AtomicOp::FetchAdd;
-		const uint64_t at = rkey->address_of(wr.remote_addr);
-		if (char *p = cached_window(peer, **rkey, at, 8)) {
-			/* The target's physical page: a CPU atomic. */
-			std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t *>(p));
-			if (op == AtomicOp::FetchAdd) {
-				old = word.fetch_add(wr.compare_add);
-			} else {
-				old = wr.compare_add;
-				word.compare_exchange_strong(old, wr.swap);
-			}
-		} else if (remote_memory_for(peer, **rkey).atomic(peer, **rkey, at, op, wr.compare_add,
-								wr.swap, &old)) {
-			return fail(IBV_WC_REM_ACCESS_ERR);
-		}
-		/* The original value lands in the first 8 bytes of the local SGEs. */
-		char *p = reinterpret_cast<char *>(&old);
-		size_t left = 8;
-		for (const struct iovec &v : local) {
-			size_t n = std::min(left, v.iov_len);
-			std::memcpy(v.iov_base, p, n);
-			p += n;
-			left -= n;
-			if (!left)
-				break;
-		}
-		wc.byte_len = 8;
 		wc.status = IBV_WC_SUCCESS;
 		return Outcome::Done;
 	}
@@ -1113,6 +1048,199 @@ rnr:
 	return Outcome::Wait;
 }
 
+bool QpEngine::target_valid(uint32_t qpn) const
+{
+	return target_.desc && target_.qpn == qpn &&
+	       !target_.seg->gone.load(std::memory_order_acquire) &&
+	       target_.desc->magic == shm::qp_magic && target_.desc->qpn == qpn;
+}
+
+/*
+ * A one-sided operation needs both the responder QP's permission
+ * (qp_access_flags; for XRC the XRC_RECV QP's, which `t` is) and the MR's,
+ * checked against the responder's PD `pdn`; either missing is the same
+ * remote access error (nullptr). The key stays held (held_) for the next
+ * WRs of this post naming it too: a held key cannot be withdrawn, so its
+ * entry is still the key's.
+ */
+const KeyRef *QpEngine::hold_rkey(const PeerSegment &peer, const shm::QpDesc &t, uint32_t pdn,
+				  uint32_t rkey, uint64_t addr, uint64_t len, uint32_t access)
+{
+	if (!(t.access_flags.load(std::memory_order_relaxed) & access))
+		return nullptr;
+	if (!held_.rkey || held_.rkey_value != rkey || held_.rkey_seg != &peer) {
+		held_.rkey = acquire_key(peer, rkey);
+		held_.rkey_value = rkey;
+		held_.rkey_seg = &peer;
+	}
+	const KeyRef &ref = held_.rkey;
+	if (ref && ref->kind != KeyKind::NullMr && ref->pdn == pdn && ref.permits(addr, len, access))
+		return &ref;
+	return nullptr;
+}
+
+/*
+ * RDMA WRITE (without immediate), RDMA READ and the atomics at a target QP
+ * `t` that is held (in-flight count) and ready, with the local side
+ * gathered: the responder's checks and the data movement. Sets wc.status
+ * (and byte_len for atomics); Fatal when the QP must enter ERR.
+ */
+QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const PeerSegment &peer,
+				      uint32_t pdn, std::span<const struct iovec> local,
+				      struct ibv_wc &wc)
+{
+	uint64_t length = 0;
+	for (const struct iovec &v : local)
+		length += v.iov_len;
+	wc.status = IBV_WC_SUCCESS;
+	auto access_error = [&]() {
+		if (type_ == IBV_QPT_UC)
+			return Outcome::Done; /* UC: the responder drops it */
+		t.remote_error.store(shm::remote_error_access, std::memory_order_release);
+		wc.status = IBV_WC_REM_ACCESS_ERR;
+		return Outcome::Fatal;
+	};
+	auto fail = [&](enum ibv_wc_status s) {
+		wc.status = s;
+		return Outcome::Fatal;
+	};
+	switch (op.opcode) {
+	case IBV_WR_RDMA_WRITE: {
+		const KeyRef *rkey = hold_rkey(peer, t, pdn, op.rkey, op.remote_addr, length,
+					       IBV_ACCESS_REMOTE_WRITE);
+		if (!rkey)
+			return access_error();
+		if (length && remote_write(peer, **rkey, rkey->address_of(op.remote_addr), local.data(),
+					   int(local.size())))
+			return fail(IBV_WC_REM_ACCESS_ERR);
+		return Outcome::Done;
+	}
+	case IBV_WR_RDMA_READ: {
+		const KeyRef *rkey = hold_rkey(peer, t, pdn, op.rkey, op.remote_addr, length,
+					       IBV_ACCESS_REMOTE_READ);
+		if (!rkey)
+			return access_error();
+		if (length && remote_read(peer, **rkey, rkey->address_of(op.remote_addr), local.data(),
+					  int(local.size())))
+			return fail(IBV_WC_REM_ACCESS_ERR);
+		return Outcome::Done;
+	}
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		break;
+	default:
+		return fail(IBV_WC_LOC_QP_OP_ERR); /* not one-sided: a caller's bug */
+	}
+	if (length < 8 || (op.remote_addr & 7))
+		return fail(IBV_WC_REM_INV_REQ_ERR);
+	const KeyRef *rkey = hold_rkey(peer, t, pdn, op.rkey, op.remote_addr, 8,
+				       IBV_ACCESS_REMOTE_ATOMIC);
+	if (!rkey)
+		return access_error();
+	uint64_t old = 0;
+	const AtomicOp aop = op.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? AtomicOp::CmpSwp
+								     : AtomicOp::FetchAdd;
+	const uint64_t at = rkey->address_of(op.remote_addr);
+	if (char *p = cached_window(peer, **rkey, at, 8)) {
+		/* The target's physical page: a CPU atomic. */
+		std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t *>(p));
+		if (aop == AtomicOp::FetchAdd) {
+			old = word.fetch_add(op.compare_add);
+		} else {
+			old = op.compare_add;
+			word.compare_exchange_strong(old, op.swap);
+		}
+	} else if (remote_memory_for(peer, **rkey).atomic(peer, **rkey, at, aop, op.compare_add,
+							    op.swap, &old)) {
+		return fail(IBV_WC_REM_ACCESS_ERR);
+	}
+	/* The original value lands in the first 8 bytes of the local SGEs. */
+	const char *from = reinterpret_cast<const char *>(&old);
+	size_t left = 8;
+	for (const struct iovec &v : local) {
+		size_t n = std::min(left, v.iov_len);
+		std::memcpy(v.iov_base, from, n);
+		from += n;
+		left -= n;
+		if (!left)
+			break;
+	}
+	wc.byte_len = 8;
+	return Outcome::Done;
+}
+
+/*
+ * post_send's direct path: a plain RDMA WRITE, READ or atomic of an RC or
+ * UC QP whose target is the one cached, alive and ready, executed straight
+ * from the application's ibv_send_wr: nothing is copied into scratch_, and
+ * inline data is read where it lies (at post time, as IBV_SEND_INLINE asks).
+ * Whatever is out of the ordinary (a target to resolve, not ready or dead,
+ * inline data over the limit, a local key to refuse) is left to the general
+ * path before anything happened but the in-flight hold (held_, which that
+ * path takes over): both give the same result. (sq_lock_ held, queue empty.)
+ */
+QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
+{
+	if (type_ != IBV_QPT_RC && type_ != IBV_QPT_UC)
+		return Direct::NotTaken;
+	const bool inlined = wr.send_flags & IBV_SEND_INLINE;
+	uint32_t local_access = IBV_ACCESS_LOCAL_WRITE;
+	OneSided op{wr.opcode, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey, 0, 0};
+	switch (wr.opcode) {
+	case IBV_WR_RDMA_WRITE:
+		local_access = 0;
+		break;
+	case IBV_WR_RDMA_READ:
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		op = {wr.opcode, wr.wr.atomic.remote_addr, wr.wr.atomic.rkey, wr.wr.atomic.compare_add,
+		      wr.wr.atomic.swap};
+		break;
+	default:
+		return Direct::NotTaken;
+	}
+	if (inlined && wr.opcode != IBV_WR_RDMA_WRITE)
+		return Direct::NotTaken;
+	const uint32_t target_qpn = attr_.dest_qp_num;
+	if (!target_valid(target_qpn) || !target_.seg->alive())
+		return Direct::NotTaken;
+	shm::QpDesc &t = *target_.desc;
+	if (held_.inflight != &t) {
+		release_holds();
+		t.inflight.fetch_add(1, std::memory_order_seq_cst);
+		held_.inflight = &t;
+	}
+	if (t.dead.load(std::memory_order_seq_cst))
+		return Direct::NotTaken;
+	const uint32_t tstate = t.state.load(std::memory_order_acquire);
+	if (tstate != IBV_QPS_RTR && tstate != IBV_QPS_RTS && tstate != IBV_QPS_SQD &&
+	    tstate != IBV_QPS_SQE)
+		return Direct::NotTaken;
+
+	std::vector<struct iovec> &local = local_iov_;
+	local.clear();
+	uint64_t length = 0;
+	if (inlined) {
+		for (const struct ibv_sge &s : std::span(wr.sg_list, size_t(wr.num_sge))) {
+			length += s.length;
+			local.push_back({reinterpret_cast<void *>(s.addr), s.length});
+		}
+		if (length > qp_.core->caps.created.max_inline_data)
+			return Direct::NotTaken; /* fill()'s EINVAL */
+	} else if (local_iovecs(device_, pdn_, wr.sg_list, wr.num_sge, local_access, local,
+				local_refs_, length)) {
+		local_refs_.clear();
+		return Direct::NotTaken;
+	}
+	struct ibv_wc wc;
+	wc.byte_len = uint32_t(length);
+	const Outcome o = one_sided(op, t, *target_.seg, t.pdn, local, wc);
+	local_refs_.clear();
+	complete_send(wr.wr_id, wr.send_flags, wr.opcode, wc.status, wc.byte_len);
+	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;
+}
+
 /* ---- Target memory ---- */
 
 /* A local pointer to [addr, addr + len) of a peer's Shared MR through the
@@ -1143,7 +1271,8 @@ int QpEngine::remote_write(const PeerSegment &peer, const KeyEntry &mr, uint64_t
 	uint64_t total = 0;
 	for (int i = 0; i < count; i++)
 		total += local[i].iov_len;
-	char *to = cached_window(peer, mr, addr, total);
+	/* Our own memory (a loopback target): the address is ours. */
+	char *to = peer.local ? reinterpret_cast<char *>(addr) : cached_window(peer, mr, addr, total);
 	if (!to)
 		return remote_memory_for(peer, mr).write(peer, mr, addr, local, count);
 	for (int i = 0; i < count; i++) {
@@ -1159,7 +1288,8 @@ int QpEngine::remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t 
 	uint64_t total = 0;
 	for (int i = 0; i < count; i++)
 		total += local[i].iov_len;
-	const char *from = cached_window(peer, mr, addr, total);
+	const char *from = peer.local ? reinterpret_cast<const char *>(addr)
+				      : cached_window(peer, mr, addr, total);
 	if (!from)
 		return remote_memory_for(peer, mr).read(peer, mr, addr, local, count);
 	for (int i = 0; i < count; i++) {

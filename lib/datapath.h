@@ -25,6 +25,7 @@
 #pragma once
 
 #include "cq.h"
+#include "fast_mutex.h"
 #include "qp.h"
 #include "remote_memory.h"
 #include "segment.h"
@@ -41,6 +42,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <sys/uio.h>
 #include <vector>
 
@@ -175,7 +177,24 @@ private:
 	/* lib/ud.cpp */
 	Outcome execute_ud(SendWr &wr, struct ibv_wc &wc, const struct iovec *local, int count,
 			   uint64_t length);
-	void complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc);
+	/* Writes the send completion, if one is due (signaled, or an error). */
+	void complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_wr_opcode opcode,
+			   enum ibv_wc_status status, uint32_t byte_len);
+	/* Whether target_ is still QP `qpn` (sq_lock_ held). */
+	bool target_valid(uint32_t qpn) const;
+	const KeyRef *hold_rkey(const PeerSegment &peer, const shm::QpDesc &t, uint32_t pdn,
+				uint32_t rkey, uint64_t addr, uint64_t len, uint32_t access);
+	/* What a one-sided WR names at the responder. */
+	struct OneSided {
+		enum ibv_wr_opcode opcode;
+		uint64_t remote_addr;
+		uint32_t rkey;
+		uint64_t compare_add, swap;
+	};
+	Outcome one_sided(const OneSided &op, shm::QpDesc &t, const PeerSegment &peer, uint32_t pdn,
+			  std::span<const struct iovec> local, struct ibv_wc &wc);
+	enum class Direct { NotTaken, Done, Fatal };
+	Direct try_direct(const struct ibv_send_wr &wr);
 	void flush_locked();
 	void snapshot_attr();
 	/* Lets go of held_ (sq_lock_ held): before sq_lock_ is released. */
@@ -197,7 +216,7 @@ private:
 	uint32_t rq_entries_ = 0, rq_max_sge_ = 0, rq_stride_ = 0;
 	bool published_ = false;
 
-	std::mutex sq_lock_;
+	FastMutex sq_lock_;
 	/* WRs waiting (RNR, unreachable peer) and those behind them. A WR
 	 * posted to an empty queue runs at once from `scratch_` and is queued
 	 * only if it must wait: the common post allocates nothing. */

@@ -322,6 +322,27 @@ TEST_CASE("RC: an RTS->RTS modify of the access flags takes effect for the next 
 	}
 }
 
+/* The first request to a target resolves it; the next ones find it cached
+ * and take post_send's direct path (lib/datapath.cpp try_direct): the
+ * responder's checks must be the same there. */
+TEST_CASE("RC: a request refused after one that succeeded to the same target",
+	  "[access][process]")
+{
+	for (const Op &o : ops) {
+		CAPTURE(o.name);
+		Link l(IBV_QPT_RC, all_remote & ~o.needs);
+		/* A request of another kind, which the target QP grants. */
+		const enum ibv_wr_opcode warm =
+			o.op == IBV_WR_RDMA_READ ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+		REQUIRE(l.run(warm) == IBV_WC_SUCCESS);
+		const std::string before = l.effect(o.op);
+		CHECK(l.run(o.op) == IBV_WC_REM_ACCESS_ERR);
+		CHECK(l.n.state() == IBV_QPS_ERR);
+		CHECK(l.t.ask("event 3000") == event_line(IBV_EVENT_QP_ACCESS_ERR, IBV_QPS_ERR));
+		CHECK(l.effect(o.op) == before);
+	}
+}
+
 TEST_CASE("UC: a WRITE to a QP without REMOTE_WRITE is dropped, the sender succeeds",
 	  "[access][process]")
 {
@@ -331,7 +352,9 @@ TEST_CASE("UC: a WRITE to a QP without REMOTE_WRITE is dropped, the sender succe
 		CAPTURE(o.name);
 		{
 			Link l(IBV_QPT_UC, all_remote & ~IBV_ACCESS_REMOTE_WRITE);
-			CHECK(l.run(o.op) == IBV_WC_SUCCESS);
+			/* The second one finds the target cached (try_direct). */
+			for (int i = 0; i < 2; i++)
+				CHECK(l.run(o.op) == IBV_WC_SUCCESS);
 			CHECK(l.n.state() == IBV_QPS_RTS);
 			CHECK(l.effect(o.op) == untouched(o.op));
 			CHECK(l.t.ask("event 50") == event_line(-1, IBV_QPS_RTS));
