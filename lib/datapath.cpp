@@ -82,11 +82,10 @@ KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
 }
 
 /* Local SGEs checked against our key table; iovecs of our memory. */
-enum ibv_wc_status local_iovecs(uint32_t device, uint32_t pdn, const struct ibv_sge *sges,
+enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct ibv_sge *sges,
 				int count, uint32_t access, std::vector<struct iovec> &out,
 				std::vector<KeyRef> &refs, uint64_t &total)
 {
-	KeyTable &keys = KeyTable::of(*devices()[device]);
 	total = 0;
 	for (const ibv_sge &s : std::span(sges, size_t(count))) {
 		if (!s.length)
@@ -266,7 +265,7 @@ bool opcode_allowed(enum ibv_qp_type type, int op)
 QpEngine::QpEngine(Qp &qp)
 	: qp_(qp), seg_(Segment::of(qp.core->device->index)), device_(qp.core->device->index),
 	  qpn_(qp.core->qp_num), type_(qp.core->type), pdn_(qp.pd ? qp.pd->pdn : 0),
-	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq)
+	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq), local_keys_(KeyTable::of(*qp.ctx->device))
 {
 	desc_off_ = seg_.alloc(sizeof(shm::QpDesc));
 	if (!desc_off_)
@@ -621,8 +620,14 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 		if (sq_.size() + batch.size() > qp_.core->caps.created.max_send_wr)
 			return ENOMEM;
 		for (SendWr &w : batch) {
-			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR && run_now(w, fatal))
-				continue;
+			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR) {
+				if (Direct d = try_direct(w); d != Direct::NotTaken) {
+					fatal = d == Direct::Fatal;
+					continue;
+				}
+				if (run_now(w, fatal))
+					continue;
+			}
 			sq_.push_back(std::move(w));
 			queued = true;
 		}
@@ -745,7 +750,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		local.push_back({wr.inline_data.data(), wr.inline_data.size()});
 		length = wr.inline_data.size();
 	} else if (enum ibv_wc_status s = local_iovecs(
-			   device_, pdn_, wr.sge.data(), int(wr.sge.size()),
+			   local_keys_, pdn_, wr.sge.data(), int(wr.sge.size()),
 			   into_local ? IBV_ACCESS_LOCAL_WRITE : 0, local, local_refs, length)) {
 		return fail(s);
 	}
@@ -1170,38 +1175,65 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 }
 
 /*
- * post_send's direct path: a plain RDMA WRITE, READ or atomic of an RC or
- * UC QP whose target is the one cached, alive and ready, executed straight
- * from the application's ibv_send_wr: nothing is copied into scratch_, and
- * inline data is read where it lies (at post time, as IBV_SEND_INLINE asks).
- * Whatever is out of the ordinary (a target to resolve, not ready or dead,
- * inline data over the limit, a local key to refuse) is left to the general
- * path before anything happened but the in-flight hold (held_, which that
- * path takes over): both give the same result. (sq_lock_ held, queue empty.)
+ * The direct path: a plain RDMA WRITE, READ or atomic of an RC or UC QP
+ * whose target is the one cached, alive and ready, executed from a view of
+ * the application's WR (ibv_post_send: its ibv_send_wr, nothing copied into
+ * scratch_, inline data read where it lies, at post time as IBV_SEND_INLINE
+ * asks; ibv_wr_complete: the SendWr the builders made). Whatever is out of
+ * the ordinary (a target to resolve, not ready or dead, inline data over the
+ * limit, a local key to refuse) is left to the general path before anything
+ * happened but the in-flight hold (held_, which that path takes over): both
+ * give the same result. (sq_lock_ held, queue empty.)
  */
 QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
 {
 	if (type_ != IBV_QPT_RC && type_ != IBV_QPT_UC)
 		return Direct::NotTaken;
-	const bool inlined = wr.send_flags & IBV_SEND_INLINE;
+	DirectWr d{wr.wr_id, wr.send_flags, {wr.opcode, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey, 0, 0},
+		   std::span(wr.sg_list, size_t(wr.num_sge)), bool(wr.send_flags & IBV_SEND_INLINE)};
+	if (wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+		d.op = {wr.opcode, wr.wr.atomic.remote_addr, wr.wr.atomic.rkey,
+			wr.wr.atomic.compare_add, wr.wr.atomic.swap};
+	if (d.inlined) {
+		uint64_t length = 0;
+		for (const struct ibv_sge &s : d.sge)
+			length += s.length;
+		if (length > qp_.core->caps.created.max_inline_data)
+			return Direct::NotTaken; /* fill()'s EINVAL */
+	}
+	return run_direct(d);
+}
+
+QpEngine::Direct QpEngine::try_direct(const SendWr &w)
+{
+	if (type_ != IBV_QPT_RC && type_ != IBV_QPT_UC)
+		return Direct::NotTaken;
+	/* The builders copied inline data already (and checked its size). */
+	const struct ibv_sge data = {uint64_t(uintptr_t(w.inline_data.data())),
+				     uint32_t(w.inline_data.size()), 0};
+	const bool inlined = !w.inline_data.empty();
+	return run_direct({w.wr_id, w.send_flags,
+			   {w.opcode, w.remote_addr, w.rkey, w.compare_add, w.swap},
+			   inlined ? std::span(&data, 1) : std::span(w.sge.data(), w.sge.size()),
+			   inlined});
+}
+
+QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
+{
 	uint32_t local_access = IBV_ACCESS_LOCAL_WRITE;
-	OneSided op{wr.opcode, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey, 0, 0};
-	switch (wr.opcode) {
+	switch (wr.op.opcode) {
 	case IBV_WR_RDMA_WRITE:
 		local_access = 0;
 		break;
 	case IBV_WR_RDMA_READ:
-		break;
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-		op = {wr.opcode, wr.wr.atomic.remote_addr, wr.wr.atomic.rkey, wr.wr.atomic.compare_add,
-		      wr.wr.atomic.swap};
+		if (wr.inlined)
+			return Direct::NotTaken;
 		break;
 	default:
 		return Direct::NotTaken;
 	}
-	if (inlined && wr.opcode != IBV_WR_RDMA_WRITE)
-		return Direct::NotTaken;
 	const uint32_t target_qpn = attr_.dest_qp_num;
 	if (!target_valid(target_qpn) || !target_.seg->alive())
 		return Direct::NotTaken;
@@ -1221,23 +1253,21 @@ QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
 	std::vector<struct iovec> &local = local_iov_;
 	local.clear();
 	uint64_t length = 0;
-	if (inlined) {
-		for (const struct ibv_sge &s : std::span(wr.sg_list, size_t(wr.num_sge))) {
+	if (wr.inlined) {
+		for (const struct ibv_sge &s : wr.sge) {
 			length += s.length;
 			local.push_back({reinterpret_cast<void *>(s.addr), s.length});
 		}
-		if (length > qp_.core->caps.created.max_inline_data)
-			return Direct::NotTaken; /* fill()'s EINVAL */
-	} else if (local_iovecs(device_, pdn_, wr.sg_list, wr.num_sge, local_access, local,
-				local_refs_, length)) {
+	} else if (local_iovecs(local_keys_, pdn_, wr.sge.data(), int(wr.sge.size()), local_access,
+				local, local_refs_, length)) {
 		local_refs_.clear();
 		return Direct::NotTaken;
 	}
 	struct ibv_wc wc;
 	wc.byte_len = uint32_t(length);
-	const Outcome o = one_sided(op, t, *target_.seg, t.pdn, local, wc);
+	const Outcome o = one_sided(wr.op, t, *target_.seg, t.pdn, local, wc);
 	local_refs_.clear();
-	complete_send(wr.wr_id, wr.send_flags, wr.opcode, wc.status, wc.byte_len);
+	complete_send(wr.wr_id, wr.send_flags, wr.op.opcode, wc.status, wc.byte_len);
 	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;
 }
 
@@ -1268,6 +1298,14 @@ char *QpEngine::cached_window(const PeerSegment &peer, const KeyEntry &mr, uint6
 int QpEngine::remote_write(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
 			   const struct iovec *local, int count)
 {
+	if (count == 1) { /* the common case, without the loops */
+		char *to = peer.local ? reinterpret_cast<char *>(addr)
+				      : cached_window(peer, mr, addr, local->iov_len);
+		if (!to)
+			return remote_memory_for(peer, mr).write(peer, mr, addr, local, 1);
+		std::memcpy(to, local->iov_base, local->iov_len);
+		return 0;
+	}
 	uint64_t total = 0;
 	for (int i = 0; i < count; i++)
 		total += local[i].iov_len;
@@ -1285,6 +1323,14 @@ int QpEngine::remote_write(const PeerSegment &peer, const KeyEntry &mr, uint64_t
 int QpEngine::remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
 			  const struct iovec *local, int count)
 {
+	if (count == 1) { /* the common case, without the loops */
+		const char *from = peer.local ? reinterpret_cast<const char *>(addr)
+					      : cached_window(peer, mr, addr, local->iov_len);
+		if (!from)
+			return remote_memory_for(peer, mr).read(peer, mr, addr, local, 1);
+		std::memcpy(local->iov_base, from, local->iov_len);
+		return 0;
+	}
 	uint64_t total = 0;
 	for (int i = 0; i < count; i++)
 		total += local[i].iov_len;

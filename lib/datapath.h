@@ -93,6 +93,12 @@ private:
 };
 
 struct SendWr {
+	/* Provided, so that SendWr{} and emplace_back() do not zero the
+	 * in-place SGE and inline buffers (~330 bytes) first: whoever makes a
+	 * SendWr sets the four fields without an initializer (fill(), the
+	 * ibv_wr_* builders). */
+	SendWr() {}
+
 	enum ibv_wr_opcode opcode;
 	uint64_t wr_id;
 	unsigned int send_flags;
@@ -121,7 +127,7 @@ struct SendWr {
  * complete/abort, as libmlx5 holds its SQ lock. `err` latches the first
  * builder error, returned by wr_complete (which then posts nothing). */
 struct QpExBatch {
-	std::mutex lock;
+	FastMutex lock;
 	std::vector<SendWr> wrs;
 	int err = 0;
 };
@@ -193,8 +199,18 @@ private:
 	};
 	Outcome one_sided(const OneSided &op, shm::QpDesc &t, const PeerSegment &peer, uint32_t pdn,
 			  std::span<const struct iovec> local, struct ibv_wc &wc);
+	/* post_send's and submit's direct path (lib/datapath.cpp). */
 	enum class Direct { NotTaken, Done, Fatal };
+	struct DirectWr {
+		uint64_t wr_id;
+		unsigned int send_flags;
+		OneSided op;
+		std::span<const struct ibv_sge> sge;
+		bool inlined; /* sge is the data itself: no lkey to check */
+	};
 	Direct try_direct(const struct ibv_send_wr &wr);
+	Direct try_direct(const SendWr &w);
+	Direct run_direct(const DirectWr &wr);
 	void flush_locked();
 	void snapshot_attr();
 	/* Lets go of held_ (sq_lock_ held): before sq_lock_ is released. */
@@ -208,6 +224,7 @@ private:
 	uint32_t pdn_;
 	Cq *send_cq_;
 	Cq *recv_cq_;
+	const KeyTable &local_keys_; /* our device's key table (lkeys) */
 
 	uint64_t desc_off_ = 0;
 	shm::QpDesc *desc_ = nullptr;

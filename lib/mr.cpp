@@ -106,19 +106,6 @@ KeyRef acquire_remote_key(KeySlot &s, uint32_t key)
 	return ref;
 }
 
-bool KeyRef::permits(uint64_t iova, uint64_t length, uint32_t access) const
-{
-	const KeyEntry &e = slot_->entry;
-	if (e.kind == KeyKind::NullMr)
-		return (access & ~uint32_t(IBV_ACCESS_LOCAL_WRITE)) == 0;
-	if ((e.access & access) != access)
-		return false;
-	if (iova < e.iova)
-		return false;
-	uint64_t offset = iova - e.iova;
-	return offset <= e.length && length <= e.length - offset;
-}
-
 /* ---- KeyTable ---- */
 
 KeyTable::KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space)

@@ -137,7 +137,16 @@ public:
 	/* [iova, iova + length) lies inside the entry's range and the entry
 	 * grants every bit of `access` (0 asks for local read only). A null MR
 	 * permits any local range. */
-	bool permits(uint64_t iova, uint64_t length, uint32_t access) const;
+	bool permits(uint64_t iova, uint64_t length, uint32_t access) const
+	{
+		const KeyEntry &e = slot_->entry;
+		if (e.kind == KeyKind::NullMr)
+			return (access & ~uint32_t(IBV_ACCESS_LOCAL_WRITE)) == 0;
+		if ((e.access & access) != access || iova < e.iova)
+			return false;
+		const uint64_t offset = iova - e.iova;
+		return offset <= e.length && length <= e.length - offset;
+	}
 	/* The owner's virtual address of iova; meaningful where permits() held. */
 	uint64_t address_of(uint64_t iova) const { return slot_->entry.addr + (iova - slot_->entry.iova); }
 

@@ -131,6 +131,55 @@ TEST_CASE("qp_ex: every RC builder, with wr_id and wr_flags read at each builder
 	CHECK(ntohl(wc.imm_data) == 99);
 }
 
+/* Once a batch resolved the target, the next ones take the engine's direct
+ * path (lib/datapath.cpp try_direct): inline data copied by the setter, and
+ * the responder's key check, must behave as on the first batch. */
+TEST_CASE("qp_ex: one-sided WRs to a target resolved by an earlier batch", "[qpex]")
+{
+	Pair p(rc_options());
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	struct ibv_qp_ex *q = a.qpx;
+	std::memcpy(a.at(0), "first-batch-wr!", 16);
+	ibv_wr_start(q);
+	q->wr_id = 1;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(q, b.mr->rkey, b.addr(0));
+	ibv_wr_set_sge(q, a.mr->lkey, a.addr(0), 16);
+	REQUIRE(ibv_wr_complete(q) == 0);
+
+	char inl[] = "inline-2nd-wr!!";
+	ibv_wr_start(q);
+	q->wr_id = 2;
+	ibv_wr_rdma_write(q, b.mr->rkey, b.addr(64));
+	ibv_wr_set_inline_data(q, inl, 16);
+	std::memcpy(inl, "overwritten-now", 16); /* copied at the setter */
+	q->wr_id = 3;
+	ibv_wr_rdma_read(q, b.mr->rkey ^ 0x80, b.addr(0)); /* no such key */
+	ibv_wr_set_sge(q, a.mr->lkey, a.addr(128), 16);
+	q->wr_id = 4;
+	ibv_wr_rdma_write(q, b.mr->rkey, b.addr(256));
+	ibv_wr_set_sge(q, a.mr->lkey, a.addr(0), 16);
+	REQUIRE(ibv_wr_complete(q) == 0);
+
+	struct {
+		uint64_t wr_id;
+		enum ibv_wc_status status;
+	} const want[] = {{1, IBV_WC_SUCCESS}, {2, IBV_WC_SUCCESS}, {3, IBV_WC_REM_ACCESS_ERR},
+			  {4, IBV_WC_WR_FLUSH_ERR}};
+	for (auto w : want) {
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(a, wc));
+		CAPTURE(w.wr_id);
+		CHECK(wc.wr_id == w.wr_id);
+		CHECK(wc.status == w.status);
+	}
+	CHECK(std::memcmp(b.at(0), "first-batch-wr!", 16) == 0);
+	CHECK(std::memcmp(b.at(64), "inline-2nd-wr!!", 16) == 0);
+	CHECK(b.at(256)[0] == 0); /* flushed: never written */
+	CHECK(state_of(a.qp) == IBV_QPS_ERR);
+}
+
 TEST_CASE("qp_ex: a builder error is latched, wr_complete returns it and posts nothing",
 	  "[qpex]")
 {
