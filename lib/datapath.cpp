@@ -84,14 +84,17 @@ KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
 /* Local SGEs checked against our key table; iovecs of our memory. */
 enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct ibv_sge *sges,
 				int count, uint32_t access, std::vector<struct iovec> &out,
-				std::vector<KeyRef> &refs, uint64_t &total)
+				LocalKeyCache &refs, uint64_t &total)
 {
 	total = 0;
 	for (const ibv_sge &s : std::span(sges, size_t(count))) {
 		if (!s.length)
 			continue;
-		KeyRef ref = keys.acquire(s.lkey);
-		if (!ref || (ref->kind != KeyKind::NullMr && ref->pdn != pdn) ||
+		const KeyRef *held = refs.get(keys, s.lkey);
+		if (!held)
+			return IBV_WC_LOC_PROT_ERR;
+		const KeyRef &ref = *held;
+		if ((ref->kind != KeyKind::NullMr && ref->pdn != pdn) ||
 		    !ref.permits(s.addr, s.length, access))
 			return IBV_WC_LOC_PROT_ERR;
 		if (ref->kind == KeyKind::NullMr) {
@@ -104,7 +107,6 @@ enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct
 			out.push_back({reinterpret_cast<void *>(ref.address_of(s.addr)), s.length});
 		}
 		total += s.length;
-		refs.push_back(std::move(ref));
 	}
 	return IBV_WC_SUCCESS;
 }
@@ -645,6 +647,83 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 
 /* ---- Execution ---- */
 
+/* ---- Local keys held between operations ---- */
+
+const KeyRef *LocalKeyCache::get(const KeyTable &keys, uint32_t lkey)
+{
+	if (pid_ != own_pid()) {
+		/* Inherited by a forked child: the counts are the parent's. */
+		for (Entry &e : entries_)
+			e.ref.forget();
+		pid_ = own_pid();
+	}
+	Entry *victim = nullptr;
+	for (Entry &e : entries_) {
+		if (e.ref && e.lkey == lkey) {
+			if (e.ref.names(lkey)) {
+				e.stamp = stamp_;
+				return &e.ref;
+			}
+			e.ref.release(); /* withdrawn since */
+		}
+		/* Evict nothing this WR uses: its memory is being touched. */
+		if (e.stamp != stamp_ && (!victim || !e.ref || (victim->ref && e.stamp < victim->stamp)))
+			victim = &e;
+	}
+	KeyRef ref = keys.acquire(lkey);
+	if (!ref)
+		return nullptr;
+	if (!victim) {
+		extra_.push_back(std::move(ref));
+		return &extra_.back();
+	}
+	victim->ref = std::move(ref); /* releases the one it held */
+	victim->lkey = lkey;
+	victim->stamp = stamp_;
+	return &victim->ref;
+}
+
+void LocalKeyCache::drop(const KeySlot &slot)
+{
+	for (Entry &e : entries_)
+		if (e.ref.slot() == &slot) {
+			if (pid_ == own_pid())
+				e.ref.release();
+			else
+				e.ref.forget();
+		}
+}
+
+void LocalKeyCache::clear()
+{
+	extra_.clear();
+	for (Entry &e : entries_) {
+		if (pid_ == own_pid())
+			e.ref.release();
+		else
+			e.ref.forget();
+	}
+}
+
+void QpEngine::drop_local_key(const KeySlot &slot)
+{
+	std::lock_guard guard(sq_lock_);
+	local_refs_.drop(slot);
+}
+
+namespace {
+
+/* KeyTable::unpublish() of one of our keys: engines let go of their holds,
+ * so that the deregistration can finish. */
+void drop_withdrawn_key(const KeySlot &slot)
+{
+	for_each_engine([&](QpEngine &e) { e.drop_local_key(slot); });
+}
+
+[[maybe_unused]] const bool withdraw_hook_installed = (key_withdrawn_hook = drop_withdrawn_key, true);
+
+} // namespace
+
 void QpEngine::release_holds()
 {
 	held_.rkey.release();
@@ -735,14 +814,14 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	 * vectors are the engine's (sq_lock_ held, execute never nests), kept
 	 * with their capacity: no allocation and no TLS lookup per WR. */
 	std::vector<struct iovec> &local = local_iov_;
-	std::vector<KeyRef> &local_refs = local_refs_;
+	LocalKeyCache &local_refs = local_refs_;
 	local.clear();
-	/* Local keys stay held until the WR is done, remote ones are released
-	 * on the way; whatever path returns, ours go then. */
-	struct ReleaseLocal {
-		std::vector<KeyRef> &refs;
-		~ReleaseLocal() { refs.clear(); }
-	} release_local{local_refs};
+	/* Local keys stay held at least until the WR is done (the cache may
+	 * keep them longer); whatever path returns, this WR is done then. */
+	struct EndWr {
+		LocalKeyCache &refs;
+		~EndWr() { refs.end_wr(); }
+	} end_wr{local_refs};
 	uint64_t length = 0;
 	const bool into_local = wr.opcode == IBV_WR_RDMA_READ ||
 		wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -1260,13 +1339,13 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 		}
 	} else if (local_iovecs(local_keys_, pdn_, wr.sge.data(), int(wr.sge.size()), local_access,
 				local, local_refs_, length)) {
-		local_refs_.clear();
+		local_refs_.end_wr();
 		return Direct::NotTaken;
 	}
 	struct ibv_wc wc;
 	wc.byte_len = uint32_t(length);
 	const Outcome o = one_sided(wr.op, t, *target_.seg, t.pdn, local, wc);
-	local_refs_.clear();
+	local_refs_.end_wr();
 	complete_send(wr.wr_id, wr.send_flags, wr.op.opcode, wc.status, wc.byte_len);
 	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;
 }

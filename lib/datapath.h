@@ -41,6 +41,7 @@
 #include <type_traits>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <sys/uio.h>
@@ -90,6 +91,48 @@ private:
 	size_t size_ = 0;
 	T local_[N];
 	std::vector<T> heap_; /* in use once non-empty */
+};
+
+/*
+ * The local keys (lkeys) a send engine keeps held between operations, so
+ * that an lkey used again costs a load (its slot still publishes it) instead
+ * of two locked instructions. A hold keeps the owner's dereg_mr waiting; it
+ * ends when KeyTable::unpublish() withdraws the key (key_withdrawn_hook ->
+ * every engine's drop_local_key()), when an entry is evicted, and with the
+ * engine. Holds beyond the cached ones last one WR (`extra`). Under the
+ * engine's sq_lock_.
+ */
+class LocalKeyCache {
+public:
+	LocalKeyCache() = default;
+	LocalKeyCache(const LocalKeyCache &) = delete;
+	LocalKeyCache &operator=(const LocalKeyCache &) = delete;
+	~LocalKeyCache() { clear(); }
+
+	/* A held entry for `lkey` of `keys`, or nullptr when it is not
+	 * published. Holds stay valid until end_wr() at least. */
+	const KeyRef *get(const KeyTable &keys, uint32_t lkey);
+	/* The current WR is done: its extra holds end. */
+	void end_wr()
+	{
+		extra_.clear();
+		stamp_++;
+	}
+	/* Lets go of every hold on `slot`. */
+	void drop(const KeySlot &slot);
+	void clear();
+
+private:
+	static constexpr int ways = 4;
+	struct Entry {
+		uint32_t lkey = 0;
+		uint64_t stamp = 0; /* the WR that used it last */
+		KeyRef ref;
+	};
+	Entry entries_[ways];
+	std::vector<KeyRef> extra_;
+	uint64_t stamp_ = 1;
+	uint32_t pid_ = 0; /* whose holds these are (forked child: not ours) */
 };
 
 struct SendWr {
@@ -156,6 +199,10 @@ public:
 	bool progress();
 	/* The owner's side of errors senders recorded in our descriptor. */
 	void check_remote_errors();
+
+	/* Lets go of this engine's holds on a key being withdrawn. Any thread
+	 * but one inside this engine. */
+	void drop_local_key(const KeySlot &slot);
 
 	/* Publishes the descriptor; 0 or the broker's errno. */
 	int publish();
@@ -270,7 +317,7 @@ private:
 	} held_;
 	/* execute()'s local iovecs and held local keys (under sq_lock_). */
 	std::vector<struct iovec> local_iov_;
-	std::vector<KeyRef> local_refs_;
+	LocalKeyCache local_refs_;
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	std::mutex rq_lock_;        /* posting to our RQ */
@@ -298,6 +345,9 @@ inline void progress_poll_waiting()
 	if (progress_waiting_engines.load(std::memory_order_relaxed))
 		progress_poll_waiting_slow();
 }
+/* Calls fn for every engine of the process (none is destroyed meanwhile);
+ * fn must not take the progress lock. */
+void for_each_engine(const std::function<void(QpEngine &)> &fn);
 /* Other periodic work of the progress thread (SRQ limits): fn(arg) runs on
  * it under its lock until unregistered. */
 void progress_register_poller(void *arg, void (*fn)(void *));

@@ -32,9 +32,7 @@ static_assert(std::is_standard_layout_v<KeySlot>,
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
 	      "key and reader counts must stay lock-free to be shareable between processes");
 
-namespace {
-uint32_t own_pid(); /* below, with the key tables */
-} // namespace
+void (*key_withdrawn_hook)(const KeySlot &slot) = nullptr;
 
 /* ---- KeyRef ---- */
 
@@ -166,6 +164,8 @@ std::atomic<KeyTable *> fast_table[fast_tables];
  * system call (glibc keeps no cache). Cleared in a forked child. */
 std::atomic<uint32_t> cached_pid{0};
 
+} // namespace
+
 uint32_t own_pid()
 {
 	uint32_t p = cached_pid.load(std::memory_order_relaxed);
@@ -175,8 +175,6 @@ uint32_t own_pid()
 	}
 	return p;
 }
-
-} // namespace
 
 void fork_child::key_tables()
 {
@@ -311,6 +309,8 @@ void KeyTable::unpublish(uint32_t index)
 	 * key (all seq_cst), so either we see its count or it sees the key
 	 * withdrawn. */
 	s.key.store(0, std::memory_order_seq_cst);
+	if (key_withdrawn_hook)
+		key_withdrawn_hook(s);
 	const auto started = std::chrono::steady_clock::now();
 	for (unsigned spins = 0;; spins++) {
 		bool local = s.readers.load(std::memory_order_seq_cst) != 0;

@@ -109,6 +109,14 @@ struct KeySlot {
 };
 
 class KeyRef;
+/* This process's pid, cached (getpid() is a system call); right in a forked
+ * child too. */
+uint32_t own_pid();
+/* Called by KeyTable::unpublish() once the key is withdrawn and before it
+ * waits for the holds to end: whoever keeps holds between operations (the
+ * data path's local key cache) lets go of `slot`'s here. */
+extern void (*key_withdrawn_hook)(const KeySlot &slot);
+
 /* A key of another process's table (a slot in its segment): held like
  * KeyTable::acquire(), and attributed to this process (see KeySlot), so
  * that the owner's dereg_mr is not held up if we die meanwhile. */
@@ -151,6 +159,15 @@ public:
 	uint64_t address_of(uint64_t iova) const { return slot_->entry.addr + (iova - slot_->entry.iova); }
 
 	void release();
+	/* Lets go of the slot without counting out: the hold was another
+	 * process's (a KeyRef inherited by a forked child). */
+	void forget() { slot_ = nullptr; }
+	/* Whether the held slot still publishes `key` (not withdrawn). */
+	bool names(uint32_t key) const
+	{
+		return slot_ && slot_->key.load(std::memory_order_relaxed) == key;
+	}
+	const KeySlot *slot() const { return slot_; }
 
 	/* The count a hold is in: the owner's readers, a holder entry
 	 * (0..key_holder_entries-1) or the anonymous count. */

@@ -103,6 +103,14 @@ void start_locked(ProgressState &st)
  * use; the parent's engines stay in the old one, never run here. */
 void fork_child::progress() { state_ptr() = new ProgressState; }
 
+void for_each_engine(const std::function<void(QpEngine &)> &fn)
+{
+	ProgressState &st = state();
+	std::lock_guard guard(st.lock);
+	for (QpEngine *e : st.engines)
+		fn(*e);
+}
+
 void progress_register(QpEngine *e)
 {
 	ProgressState &st = state();

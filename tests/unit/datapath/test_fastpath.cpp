@@ -10,6 +10,10 @@
 
 #include <poll.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 using namespace loopback;
 
 namespace {
@@ -137,4 +141,53 @@ TEST_CASE("fast path: a sender's copy of the consumer index never hides room or 
 	/* The owner raises the event when it next looks at the CQ. */
 	(void)ibv_poll_cq(p.b.cq, 1, wc);
 	CHECK(cq_err(2000));
+}
+
+/* The send engine keeps the lkeys it used held between posts (lib/datapath.h
+ * LocalKeyCache). Deregistering such an MR must still return (the engine
+ * lets go when the key is withdrawn), and the old lkey must be refused. */
+TEST_CASE("fast path: an lkey the engine keeps held neither blocks dereg_mr nor outlives it",
+	  "[fastpath][lkey]")
+{
+	Pair p;
+	p.connect();
+	std::vector<char> src(4096, 'k');
+	struct ibv_mr *mr = ibv_reg_mr(p.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr);
+	auto write_from = [&](uint32_t lkey, uint64_t wr_id) {
+		struct ibv_sge sg = {uint64_t(uintptr_t(src.data())), 8, lkey};
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.sg_list = &sg;
+		wr.num_sge = 1;
+		wr.wr.rdma.remote_addr = p.b.addr(0);
+		wr.wr.rdma.rkey = p.b.mr->rkey;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == wr_id);
+		return wc.status;
+	};
+	const uint32_t lkey = mr->lkey;
+	for (uint64_t i = 1; i <= 3; i++) /* the first resolves, the next ones hold */
+		REQUIRE(write_from(lkey, i) == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(p.b.at(0), "kkkkkkkk", 8) == 0);
+
+	/* dereg_mr in another thread, bounded: a hold nobody lets go of
+	 * would keep it waiting for ever. */
+	std::atomic<int> rc{-1};
+	std::thread t([&] { rc = ibv_dereg_mr(mr); });
+	for (int i = 0; i < 500 && rc.load() < 0; i++)
+		std::this_thread::sleep_for(std::chrono::milliseconds(10));
+	if (rc.load() < 0) {
+		FAIL_CHECK("ibv_dereg_mr still waits after 5 s");
+		t.detach();
+		std::quick_exit(1);
+	}
+	t.join();
+	CHECK(rc.load() == 0);
+	/* The engine must not use its old hold for the withdrawn key. */
+	CHECK(write_from(lkey, 4) == IBV_WC_LOC_PROT_ERR);
 }
