@@ -13,8 +13,10 @@
 #include "process.h"
 #include "segment.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -75,11 +78,40 @@ bool counts_as_solicited(const Completion &c)
 	return c.solicited || c.wc.status != IBV_WC_SUCCESS;
 }
 
+/* The lap of ring index `index`, as a slot's tag holds it (30 bits). */
+uint32_t lap_of(uint64_t index, unsigned capacity_log2)
+{
+	return uint32_t(shm::cq_slot_tag(index, capacity_log2) >> 32);
+}
+
+/* How a slot's state relates to ring index `index` (the index whose slot
+ * it is in this lap): free for it, taken for it (claimed or ready), or of
+ * a later lap (index was taken and consumed), or of an earlier one (the
+ * index `capacity` before it was not consumed yet). Laps compare modulo
+ * 2^30, as the tag holds them. */
+enum class SlotFor { Free, Taken, Later, Earlier };
+
+SlotFor slot_for(uint64_t state, uint64_t index, unsigned capacity_log2)
+{
+	constexpr uint32_t lap_mask = uint32_t(shm::cq_slot_tag_mask >> 32);
+	const uint32_t ahead =
+		(uint32_t(state >> 32) - lap_of(index, capacity_log2)) & lap_mask;
+	if (ahead == 0)
+		return (state & shm::cq_slot_kind_mask) == shm::cq_slot_free ? SlotFor::Free
+									 : SlotFor::Taken;
+	return ahead <= lap_mask / 2 ? SlotFor::Later : SlotFor::Earlier;
+}
+
 shm::CqEntry *slot_at(shm::CqRing &ring, uint32_t capacity, uint64_t index)
 {
 	auto *slots = reinterpret_cast<shm::CqEntry *>(reinterpret_cast<char *>(&ring) +
 						       shm::cq_slots_offset);
 	return &slots[index & (capacity - 1)];
+}
+
+const shm::CqEntry *slot_at(const shm::CqRing &ring, uint32_t capacity, uint64_t index)
+{
+	return slot_at(const_cast<shm::CqRing &>(ring), capacity, index);
 }
 
 void fill_entry(shm::CqEntry &e, const Completion &c)
@@ -194,13 +226,18 @@ bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid)
 	return now - seen_ns >= 1000000 && process_gone(pid_t(pid));
 }
 
-/* Nothing to poll and no overrun to report: a couple of loads, no lock.
- * A snapshot, as any poll is: a completion published meanwhile is found
- * by the next poll. */
+/* Nothing to poll and no overrun to report: three loads (cons, the slot
+ * at cons, the overrun word), no lock, no look at the producers' line. A
+ * snapshot, as any poll is: a completion published meanwhile is found by
+ * the next poll. seq_cst: after req_notify_cq's store of the arm, a
+ * producer either sees the arm or its entry is seen here (shm_layout.h
+ * CqRing; a plain load on x86). */
 bool surely_empty(const Cq &cq)
 {
 	const shm::CqRing &r = *cq.ring;
-	return r.cons.load(std::memory_order_relaxed) == r.prod.load(std::memory_order_acquire) &&
+	const uint64_t c = r.cons.load(std::memory_order_relaxed);
+	return slot_at(r, cq.capacity, c)->state.load(std::memory_order_seq_cst) ==
+		       (shm::cq_slot_free | shm::cq_slot_tag(c, log2_of(cq.capacity))) &&
 	       !r.overrun.load(std::memory_order_relaxed);
 }
 
@@ -215,47 +252,68 @@ thread_local __attribute__((tls_model("initial-exec"))) Cq *polling_batch = null
 
 namespace {
 
-/* The consumer's loop; `decode(entry)` copies a published entry out. */
+/* The consumer's loop (the owner, under its CQ lock): copies out up to
+ * `max` published completions, oldest first, with `decode(entry, i)`, and
+ * returns how many. The slot at cons says it all: ready for cons (take
+ * it), free for cons (empty), claimed for cons (being written; skipped
+ * when its producer died). Each slot is freed for the next lap as it is
+ * copied; cons moves once, at the end (as libmlx5 rings the consumer
+ * index once per poll): producers that read it meanwhile see less room,
+ * never more. */
 template <typename Decode>
-bool consume_one(shm::CqRing &ring, uint32_t capacity, Decode &&decode)
+int consume(shm::CqRing &ring, uint32_t capacity, int max, Decode &&decode)
 {
 	const unsigned lg = log2_of(capacity);
-	for (;;) {
-		uint64_t c = ring.cons.load(std::memory_order_relaxed);
-		if (c == ring.prod.load(std::memory_order_acquire))
-			return false;
+	const uint64_t first = ring.cons.load(std::memory_order_relaxed);
+	uint64_t c = first;
+	int n = 0;
+	while (n < max) {
 		shm::CqEntry *e = slot_at(ring, capacity, c);
 		const uint64_t tag = shm::cq_slot_tag(c, lg);
-		/* Pairs with the producer's release store of `ready`. */
-		uint64_t st = e->state.load(std::memory_order_acquire);
-		bool take = st == (shm::cq_slot_ready | tag);
-		if (take) {
-			decode(*e);
-			/* counts_as_solicited(), from the entry. */
-			if (e->solicited || e->status != IBV_WC_SUCCESS)
-				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
+		/* Pairs with the producer's release (or seq_cst) store of
+		 * `ready`; seq_cst as in surely_empty(). */
+		const uint64_t st = e->state.load(std::memory_order_seq_cst);
+		if (st == (shm::cq_slot_ready | tag)) {
+			decode(*e, n);
+			n++;
 		} else if (!((st & shm::cq_slot_kind_mask) == shm::cq_slot_claimed &&
 			     (st & shm::cq_slot_tag_mask) == tag &&
 			     claim_abandoned(ring, c, uint32_t(st & shm::cq_slot_pid_mask)))) {
-			return false; /* being filled */
+			break; /* empty, or being filled */
 		}
-		/* Free for the next lap. Release: our copy is done before a
-		 * producer's claim (acquire CAS) can see the slot free. */
+		/* Free for the next lap (a dead producer's slot: skipped).
+		 * Release: our copy is done before a producer's claim (acquire
+		 * CAS) can see the slot free. */
 		e->state.store(shm::cq_slot_free | shm::cq_slot_tag(c + capacity, lg),
 			       std::memory_order_release);
-		/* Pairs with the producers' acquire load of cons. */
-		ring.cons.store(c + 1, std::memory_order_release);
-		if (take)
-			return true;
-		/* A dead producer's slot: skipped. */
+		c++;
 	}
+	/* Pairs with the producers' acquire load of cons: every slot below
+	 * it is free for its next lap. */
+	if (c != first)
+		ring.cons.store(c, std::memory_order_release);
+	return n;
+}
+
+/* Completions the ring holds (published or being written, from cons on).
+ * Caller holds the CQ lock. */
+uint64_t occupied(const shm::CqRing &ring, uint32_t capacity)
+{
+	const unsigned lg = log2_of(capacity);
+	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
+	uint64_t i = cons;
+	while (i - cons < capacity &&
+	       slot_for(slot_at(ring, capacity, i)->state.load(std::memory_order_acquire), i, lg) ==
+		       SlotFor::Taken)
+		i++;
+	return i - cons;
 }
 
 } // namespace
 
 bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
 {
-	return consume_one(ring, capacity, [&](const shm::CqEntry &e) { read_entry(e, out); });
+	return consume(ring, capacity, 1, [&](const shm::CqEntry &e, int) { read_entry(e, out); }) == 1;
 }
 
 namespace {
@@ -421,6 +479,84 @@ void install_poll_ops(struct ibv_cq_ex &ex, uint64_t wc_flags)
 }
 
 } // namespace
+
+/* --- The consumer lock --- */
+
+namespace {
+
+/* This thread's identity for PollLock::owner_: the address of a
+ * thread-local (initial-exec: one %fs-relative lea). */
+thread_local __attribute__((tls_model("initial-exec"))) char this_thread_tag;
+
+void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+} // namespace
+
+void PollLock::lock()
+{
+	const void *me = &this_thread_tag;
+	if (owner_.load(std::memory_order_relaxed) == me) {
+		depth_++;
+		return;
+	}
+	uint32_t expected = free_;
+	if (!word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
+					   std::memory_order_relaxed))
+		lock_contended();
+	owner_.store(me, std::memory_order_relaxed);
+}
+
+void PollLock::lock_contended()
+{
+	/* A poll holds the lock for tens of nanoseconds: spin a little first
+	 * (a batch or a resize may hold it much longer). */
+	for (int i = 0; i < 200; i++) {
+		cpu_relax();
+		uint32_t expected = free_;
+		if (word_.load(std::memory_order_relaxed) == free_ &&
+		    word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
+						  std::memory_order_relaxed))
+			return;
+	}
+	/* Then sleep, announced. Taking the lock from here leaves it
+	 * `contended`, so its unlock wakes the next waiter, if any. */
+	long sleep_ns = 20000;
+	while (word_.exchange(contended_, std::memory_order_acquire) != free_) {
+		struct timespec ts = {0, sleep_ns};
+		syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word_), FUTEX_WAIT_PRIVATE,
+			contended_, &ts, nullptr, 0);
+		sleep_ns = std::min(sleep_ns * 2, 1000000L);
+	}
+}
+
+void PollLock::unlock()
+{
+	if (depth_) {
+		depth_--;
+		return;
+	}
+	owner_.store(nullptr, std::memory_order_relaxed);
+	/* Only a waiter changes the word while we hold it (held -> contended):
+	 * a plain store releases it when none has announced itself. One that
+	 * does so between this load and the store sleeps out its bounded
+	 * sleep (see cq.h). */
+	if (word_.load(std::memory_order_relaxed) == held_) {
+		word_.store(free_, std::memory_order_release);
+		return;
+	}
+	word_.store(free_, std::memory_order_release);
+	syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word_), FUTEX_WAKE_PRIVATE, 1, nullptr,
+		nullptr, 0);
+}
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+		      std::atomic<uint32_t>::is_always_lock_free,
+	      "PollLock sleeps on its word with futex()");
 
 /* --- Completion channels --- */
 
@@ -611,7 +747,7 @@ int resize_cq(Cq &cq, int cqe)
 	shm::CqRing &ring = *cq.ring;
 	/* The device refuses to shrink below the completions it holds;
 	 * those it holds move to the resized CQ in order. */
-	if (ring.prod.load() - ring.cons.load() > granted)
+	if (occupied(ring, cq.capacity) > granted)
 		return EINVAL;
 	if (granted + 1 > cq.capacity) {
 		/* A bigger ring. Producers in other processes reach the ring
@@ -639,8 +775,6 @@ int resize_cq(Cq &cq, int cqe)
 		while (pop_completion(cq, c)) {
 			shm::CqEntry *e = slot_at(*fresh, capacity, n);
 			fill_entry(*e, c);
-			if (counts_as_solicited(c))
-				fresh->solicited_published.fetch_add(1);
 			e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(n, log2_of(capacity)));
 			n++;
 		}
@@ -718,13 +852,8 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	}
 	std::lock_guard guard(cq.lock);
 	report_overrun(cq);
-	int n = 0;
-	shm::CqRing &ring = *cq.ring;
-	const uint32_t cap = cq.capacity;
-	while (n < num_entries &&
-	       consume_one(ring, cap, [&](const shm::CqEntry &e) { read_wc(e, wc[n]); }))
-		n++;
-	return n;
+	return consume(*cq.ring, cq.capacity, num_entries,
+		       [&](const shm::CqEntry &e, int i) { read_wc(e, wc[i]); });
 }
 
 int cq_clean(Cq &cq, uint32_t qp_num)
@@ -739,24 +868,20 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 	 * (producers only claim free slots), so they can be rewritten in
 	 * place. Completions still being written are left alone. */
 	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
-	const uint64_t prod = ring.prod.load(std::memory_order_acquire);
 	std::vector<Completion> kept;
 	uint64_t end = cons;
 	int removed = 0;
-	for (; end != prod; end++) {
+	for (; end - cons < cap; end++) {
 		shm::CqEntry *e = slot_at(ring, cap, end);
 		if (e->state.load(std::memory_order_acquire) !=
 		    (shm::cq_slot_ready | shm::cq_slot_tag(end, lg)))
 			break;
 		Completion c;
 		read_entry(*e, c);
-		if (c.wc.qp_num != qp_num) {
+		if (c.wc.qp_num != qp_num)
 			kept.push_back(c);
-		} else {
+		else
 			removed++;
-			if (counts_as_solicited(c))
-				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
-		}
 	}
 	if (!removed)
 		return 0;
@@ -831,21 +956,29 @@ int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, 
 		return ENOSPC; /* an overrun CQ is in error for good */
 	const unsigned lg = log2_of(capacity);
 	const uint64_t pid = uint32_t(own_pid());
-	uint64_t p;
+	const uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
+	/* cons only grows, so a copy never overstates the room; a copy ahead
+	 * of the ring's indices is another ring's (a CQ made anew at that
+	 * place). Pairs with the consumer's release store of cons. */
+	uint64_t cons = cons_seen ? *cons_seen : ring.cons.load(std::memory_order_acquire);
+	/* Where the last producer claimed (a hint: see shm_layout.h CqRing). */
+	uint64_t p = ring.prod.load(std::memory_order_relaxed);
 	shm::CqEntry *e;
 	for (;;) {
-		p = ring.prod.load(std::memory_order_seq_cst);
-		uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
-		/* cons only grows, so a copy never overstates the room; one
-		 * ahead of prod is another ring's (a CQ made anew at that
-		 * place). Pairs with the consumer's release store of cons. */
-		uint64_t cons = cons_seen ? *cons_seen : 0;
-		if (!cons_seen || cons > p || p - cons >= limit) {
-			cons = ring.cons.load(std::memory_order_acquire);
+		if (p < cons || p - cons >= limit) {
+			/* Full by this copy of cons, or the hint is behind it:
+			 * decide on a fresh one. */
+			const uint64_t fresh = ring.cons.load(std::memory_order_acquire);
 			if (cons_seen)
-				*cons_seen = cons;
-		}
-		if (p - cons >= limit && p >= cons) {
+				*cons_seen = fresh;
+			if (fresh != cons) {
+				cons = fresh;
+				continue;
+			}
+			if (p < cons) {
+				p = cons; /* every index below cons was claimed */
+				continue;
+			}
 			if (ring.ignore_overrun.load(std::memory_order_relaxed))
 				return ENOSPC;
 			uint32_t zero = 0;
@@ -861,27 +994,38 @@ int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, 
 		 * consumer sees who held the slot. Acquire pairs with the
 		 * consumer's release store that freed it. */
 		if (e->state.compare_exchange_strong(st, shm::cq_slot_claimed | tag | pid,
-						     std::memory_order_acq_rel)) {
-			ring.prod.compare_exchange_strong(p, p + 1, std::memory_order_seq_cst);
+						     std::memory_order_acquire,
+						     std::memory_order_relaxed))
 			break;
-		}
-		/* Index p is taken: help its claimer move prod on (it may
-		 * have died before doing so), then try the next one. A slot
-		 * of an older lap or a later one means p was stale. */
-		if ((st & shm::cq_slot_tag_mask) == tag && (st & shm::cq_slot_kind_mask) != 0) {
-			uint64_t expected = p;
-			ring.prod.compare_exchange_strong(expected, p + 1, std::memory_order_seq_cst);
-		}
+		/* Index p is taken (maybe consumed already): the next one. A
+		 * slot still of the lap before p's cannot be, with p - cons
+		 * below the capacity (the consumer frees a slot before cons
+		 * passes it): only a corrupt ring has one, and it is full. */
+		if (slot_for(st, p, lg) == SlotFor::Earlier)
+			return ENOSPC;
+		p++;
 	}
+	/* For the next producer; a plain store, as it is only a hint. Not
+	 * moved back when a faster producer moved it further meanwhile
+	 * (it may still be, by a race: the next producer then steps over the
+	 * taken slots). */
+	if (ring.prod.load(std::memory_order_relaxed) <= p)
+		ring.prod.store(p + 1, std::memory_order_relaxed);
 	fill(*e);
 	/* The completion's time is when it is written; only CQs that report
 	 * it pay for the clock (an entry may come stamped: the test hook). */
 	if (ring.timestamps && !stamped)
 		e->timestamp_ns = monotonic_ns();
-	/* Pairs with the consumer's acquire load of the state. */
-	e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(p, lg), std::memory_order_seq_cst);
-	if (sol)
-		ring.solicited_published.fetch_add(1, std::memory_order_seq_cst);
+	const uint64_t ready = shm::cq_slot_ready | shm::cq_slot_tag(p, lg);
+	if (channel_fd < 0) {
+		/* No event can be delivered: the release store pairs with the
+		 * consumer's load of the state, and nothing else is ordered. */
+		e->state.store(ready, std::memory_order_release);
+		return 0;
+	}
+	/* Publish, then look at the arm: ordered against req_notify_cq's
+	 * store of the arm and its poll after it (shm_layout.h CqRing). */
+	e->state.store(ready, std::memory_order_seq_cst);
 	maybe_fire(ring, sol, channel_fd);
 	return 0;
 }
