@@ -24,7 +24,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -114,23 +113,43 @@ const shm::CqEntry *slot_at(const shm::CqRing &ring, uint32_t capacity, uint64_t
 	return slot_at(const_cast<shm::CqRing &>(ring), capacity, index);
 }
 
+/* The entry holds an ibv_wc image (shm_layout.h CqEntry): the same
+ * fields at the same places, 8 bytes into the slot. */
+#define SHMV_WC_AT(field)                                                               \
+	static_assert(offsetof(shm::CqEntry, field) ==                                 \
+			      shm::cq_entry_wc_offset + offsetof(struct ibv_wc, field) &&   \
+		      sizeof(shm::CqEntry::field) == sizeof(ibv_wc::field))
+SHMV_WC_AT(wr_id);
+SHMV_WC_AT(status);
+SHMV_WC_AT(opcode);
+SHMV_WC_AT(vendor_err);
+SHMV_WC_AT(byte_len);
+SHMV_WC_AT(imm_data);
+SHMV_WC_AT(qp_num);
+SHMV_WC_AT(src_qp);
+SHMV_WC_AT(wc_flags);
+SHMV_WC_AT(pkey_index);
+SHMV_WC_AT(slid);
+SHMV_WC_AT(sl);
+SHMV_WC_AT(dlid_path_bits);
+#undef SHMV_WC_AT
+static_assert(sizeof(struct ibv_wc) == shm::cq_entry_wc_bytes &&
+	      offsetof(shm::CqEntry, solicited) >=
+		      shm::cq_entry_wc_offset + offsetof(struct ibv_wc, dlid_path_bits) + 1);
+
+void *wc_image(shm::CqEntry &e) { return reinterpret_cast<char *>(&e) + shm::cq_entry_wc_offset; }
+const void *wc_image(const shm::CqEntry &e)
+{
+	return reinterpret_cast<const char *>(&e) + shm::cq_entry_wc_offset;
+}
+
 void fill_entry(shm::CqEntry &e, const Completion &c)
 {
-	e.wr_id = c.wc.wr_id;
-	e.timestamp_ns = c.timestamp_ns;
-	e.status = uint8_t(c.wc.status);
-	e.opcode = uint8_t(c.wc.opcode);
-	e.vendor_err = uint8_t(c.wc.vendor_err);
-	e.byte_len = c.wc.byte_len;
-	e.imm_data = c.wc.imm_data;
-	e.qp_num = c.wc.qp_num;
-	e.src_qp = c.wc.src_qp;
-	e.wc_flags = uint16_t(c.wc.wc_flags);
-	e.pkey_index = c.wc.pkey_index;
-	e.slid = c.wc.slid;
-	e.sl = c.wc.sl;
-	e.dlid_path_bits = c.wc.dlid_path_bits;
+	std::memcpy(wc_image(e), &c.wc, sizeof(c.wc));
+	/* Over ibv_wc's padding. */
 	e.solicited = c.solicited;
+	e.reserved = 0;
+	e.timestamp_ns = c.timestamp_ns;
 }
 
 /* The ring stores CLOCK_MONOTONIC ns (the device's raw clock); the wall
@@ -146,25 +165,14 @@ uint64_t monotonic_to_wallclock(uint64_t mono_ns)
 	return uint64_t(now_real - (now_mono - int64_t(mono_ns)));
 }
 
-/* Every ibv_wc field is written: ibv_poll_cq() decodes straight into the
- * caller's array. */
+/* Every ibv_wc field is written (ibv_poll_cq() decodes straight into the
+ * caller's array): one copy, then the check of what a peer may have got
+ * wrong. Only values the enum knows leave the ring. */
 void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
 {
-	wc.wr_id = e.wr_id;
-	/* Only values the enums know leave the ring (a peer wrote them). */
-	wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
-							  : IBV_WC_GENERAL_ERR;
-	wc.opcode = ibv_wc_opcode(e.opcode);
-	wc.vendor_err = e.vendor_err;
-	wc.byte_len = e.byte_len;
-	wc.imm_data = e.imm_data;
-	wc.qp_num = e.qp_num;
-	wc.src_qp = e.src_qp;
-	wc.wc_flags = e.wc_flags;
-	wc.pkey_index = e.pkey_index;
-	wc.slid = e.slid;
-	wc.sl = e.sl;
-	wc.dlid_path_bits = e.dlid_path_bits;
+	std::memcpy(&wc, wc_image(e), sizeof(wc));
+	if (e.status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]]
+		wc.status = IBV_WC_GENERAL_ERR;
 }
 
 void read_entry(const shm::CqEntry &e, Completion &c)
@@ -232,7 +240,7 @@ bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid)
  * the next poll. seq_cst: after req_notify_cq's store of the arm, a
  * producer either sees the arm or its entry is seen here (shm_layout.h
  * CqRing; a plain load on x86). */
-bool surely_empty(const Cq &cq)
+[[gnu::always_inline]] inline bool surely_empty(const Cq &cq)
 {
 	const shm::CqRing &r = *cq.ring;
 	const uint64_t c = r.cons.load(std::memory_order_relaxed);
@@ -251,6 +259,16 @@ thread_local __attribute__((tls_model("initial-exec"))) Cq *polling_batch = null
 } // namespace
 
 namespace {
+
+/* Whether the slot of ring index `index`, claimed (state `st`), was
+ * claimed for it by a producer that died (the consumer skips it). Out of
+ * the consumer's loop: the rare case. */
+[[gnu::noinline, gnu::cold]] bool abandoned(const shm::CqRing &ring, uint64_t index, uint64_t st,
+					    uint64_t tag)
+{
+	return (st & shm::cq_slot_tag_mask) == tag &&
+	       claim_abandoned(ring, index, uint32_t(st & shm::cq_slot_pid_mask));
+}
 
 /* The consumer's loop (the owner, under its CQ lock): copies out up to
  * `max` published completions, oldest first, with `decode(entry, i)`, and
@@ -276,9 +294,8 @@ int consume(shm::CqRing &ring, uint32_t capacity, int max, Decode &&decode)
 		if (st == (shm::cq_slot_ready | tag)) {
 			decode(*e, n);
 			n++;
-		} else if (!((st & shm::cq_slot_kind_mask) == shm::cq_slot_claimed &&
-			     (st & shm::cq_slot_tag_mask) == tag &&
-			     claim_abandoned(ring, c, uint32_t(st & shm::cq_slot_pid_mask)))) {
+		} else if ((st & shm::cq_slot_kind_mask) != shm::cq_slot_claimed ||
+			   !abandoned(ring, c, st, tag)) {
 			break; /* empty, or being filled */
 		}
 		/* Free for the next lap (a dead producer's slot: skipped).
@@ -326,7 +343,7 @@ bool pop_completion(Cq &cq, Completion &out)
 
 /* Raises IBV_EVENT_CQ_ERR once for an overflow that any producer (maybe in
  * another process) recorded in the ring. Caller holds cq.lock. */
-void report_overrun(Cq &cq)
+[[gnu::noinline]] void report_overrun(Cq &cq)
 {
 	if (cq.overrun_reported || !cq.ring->overrun.load(std::memory_order_acquire))
 		return;
@@ -482,11 +499,9 @@ void install_poll_ops(struct ibv_cq_ex &ex, uint64_t wc_flags)
 
 /* --- The consumer lock --- */
 
-namespace {
+thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
 
-/* This thread's identity for PollLock::owner_: the address of a
- * thread-local (initial-exec: one %fs-relative lea). */
-thread_local __attribute__((tls_model("initial-exec"))) char this_thread_tag;
+namespace {
 
 void cpu_relax()
 {
@@ -496,20 +511,6 @@ void cpu_relax()
 }
 
 } // namespace
-
-void PollLock::lock()
-{
-	const void *me = &this_thread_tag;
-	if (owner_.load(std::memory_order_relaxed) == me) {
-		depth_++;
-		return;
-	}
-	uint32_t expected = free_;
-	if (!word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
-					   std::memory_order_relaxed))
-		lock_contended();
-	owner_.store(me, std::memory_order_relaxed);
-}
 
 void PollLock::lock_contended()
 {
@@ -534,21 +535,8 @@ void PollLock::lock_contended()
 	}
 }
 
-void PollLock::unlock()
+void PollLock::unlock_contended()
 {
-	if (depth_) {
-		depth_--;
-		return;
-	}
-	owner_.store(nullptr, std::memory_order_relaxed);
-	/* Only a waiter changes the word while we hold it (held -> contended):
-	 * a plain store releases it when none has announced itself. One that
-	 * does so between this load and the store sleeps out its bounded
-	 * sleep (see cq.h). */
-	if (word_.load(std::memory_order_relaxed) == held_) {
-		word_.store(free_, std::memory_order_release);
-		return;
-	}
 	word_.store(free_, std::memory_order_release);
 	syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word_), FUTEX_WAKE_PRIVATE, 1, nullptr,
 		nullptr, 0);
@@ -851,7 +839,8 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 		return 0;
 	}
 	std::lock_guard guard(cq.lock);
-	report_overrun(cq);
+	if (cq.ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
+		report_overrun(cq);
 	return consume(*cq.ring, cq.capacity, num_entries,
 		       [&](const shm::CqEntry &e, int i) { read_wc(e, wc[i]); });
 }
@@ -1052,12 +1041,12 @@ int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 		c.wc.byte_len = byte_len;
 		return deliver_completion(cq, c);
 	}
-	/* What fill_entry() writes for that Completion, without building it. */
+	/* What fill_entry() writes for that Completion, without building it
+	 * (the timestamp: produce_entry()). */
 	auto fill = [&](shm::CqEntry &e) {
 		e.wr_id = wr_id;
-		e.timestamp_ns = 0;
-		e.status = uint8_t(status);
-		e.opcode = uint8_t(opcode);
+		e.status = status;
+		e.opcode = opcode;
 		e.vendor_err = 0;
 		e.byte_len = byte_len;
 		e.imm_data = 0;
@@ -1069,6 +1058,7 @@ int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 		e.sl = 0;
 		e.dlid_path_bits = 0;
 		e.solicited = 0;
+		e.reserved = 0;
 	};
 	bool overrun_now = false;
 	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false, fill,

@@ -74,14 +74,46 @@ enum class CqArm : uint8_t { None, Solicited, Next };
  * and it looks again, so a lost wake-up costs a short delay, never a hang,
  * and never a busy CPU.
  */
+/* This thread's identity for PollLock (its address; initial-exec: one
+ * %fs-relative lea, no __tls_get_addr). */
+extern thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
+
 class PollLock {
 public:
-	void lock();
-	void unlock();
+	void lock()
+	{
+		const void *me = &poll_lock_thread_tag;
+		if (owner_.load(std::memory_order_relaxed) == me) {
+			depth_++;
+			return;
+		}
+		uint32_t expected = free_;
+		if (!word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
+						   std::memory_order_relaxed)) [[unlikely]]
+			lock_contended();
+		owner_.store(me, std::memory_order_relaxed);
+	}
+	void unlock()
+	{
+		if (depth_) {
+			depth_--;
+			return;
+		}
+		owner_.store(nullptr, std::memory_order_relaxed);
+		/* Only a waiter changes the word while we hold it (held ->
+		 * contended): a plain store releases it when none has announced
+		 * itself. One that does so between this load and the store
+		 * sleeps out its bounded sleep. */
+		if (word_.load(std::memory_order_relaxed) == held_) [[likely]]
+			word_.store(free_, std::memory_order_release);
+		else
+			unlock_contended();
+	}
 
 private:
 	static constexpr uint32_t free_ = 0, held_ = 1, contended_ = 2;
 	void lock_contended();
+	void unlock_contended();
 
 	std::atomic<uint32_t> word_{free_};
 	/* The holder's thread (a per-thread address), for recursion: only the

@@ -178,8 +178,8 @@ constexpr uint64_t rq_slots_offset = 192;
 /* ---- Completion queue ring ---- */
 
 /*
- * One completion as it travels through shared memory: the ibv_wc fields
- * with fixed widths plus what the ibv_cq_ex readers can report.
+ * One completion as it travels through shared memory: an ibv_wc plus what
+ * the ibv_cq_ex readers can report.
  */
 struct CqEntry {
 	/* Slot state (cq_slot_* below), for ring index i of lap L = i / capacity:
@@ -195,26 +195,36 @@ struct CqEntry {
 	 * truth: which index is next to claim, and whether the ring is empty,
 	 * is read from them, never from an index word. */
 	std::atomic<uint64_t> state;
+	/* The completion, laid out as struct ibv_wc (verbs.h; lib/cq.cpp
+	 * asserts it field by field), so that ibv_poll_cq() copies it out in
+	 * one 48-byte move and then checks `status`, which a peer wrote.
+	 * `solicited` sits where ibv_wc has padding. */
 	uint64_t wr_id;
-	uint64_t timestamp_ns;
+	uint32_t status;     /* enum ibv_wc_status */
+	uint32_t opcode;     /* enum ibv_wc_opcode */
+	uint32_t vendor_err;
 	uint32_t byte_len;
-	uint32_t imm_data; /* network order, as in ibv_wc */
+	uint32_t imm_data;   /* network order, as in ibv_wc */
 	uint32_t qp_num;
 	uint32_t src_qp;
-	uint16_t wc_flags;   /* enum ibv_wc_flags: bits 0..6 */
+	uint32_t wc_flags;   /* enum ibv_wc_flags */
 	uint16_t pkey_index;
 	uint16_t slid;
-	uint8_t status;      /* enum ibv_wc_status: < 32 */
-	uint8_t opcode;      /* enum ibv_wc_opcode: < 256 */
-	uint8_t vendor_err;  /* mlx5 reports an 8-bit syndrome */
 	uint8_t sl;
 	uint8_t dlid_path_bits;
-	uint8_t solicited;
-	uint8_t reserved[8];
+	uint8_t solicited;   /* IBV_SEND_SOLICITED was set */
+	uint8_t reserved;
+	/* CLOCK_MONOTONIC ns; meaningful only in rings whose CQ reports
+	 * completion timestamps (CqRing::timestamps), the only ones whose
+	 * producers are bound to write it. */
+	uint64_t timestamp_ns;
 };
 /* One cache line per completion: a producer and the consumer exchange
  * exactly one line per entry (slots start 64-byte aligned). */
 static_assert(sizeof(CqEntry) == 64);
+constexpr uint64_t cq_entry_wc_offset = 8; /* where the ibv_wc image starts */
+constexpr uint64_t cq_entry_wc_bytes = 48;  /* sizeof(struct ibv_wc) */
+static_assert(offsetof(CqEntry, timestamp_ns) == cq_entry_wc_offset + cq_entry_wc_bytes);
 
 constexpr uint64_t cq_slot_free = 0;
 constexpr uint64_t cq_slot_claimed = 1ull << 62;
