@@ -189,18 +189,21 @@ unsigned log2_of(uint32_t capacity) { return unsigned(__builtin_ctz(capacity)); 
  * completion names its producer: cached, and forgotten in a forked child. */
 std::atomic<pid_t> cached_pid{0};
 
-pid_t own_pid()
+[[gnu::noinline]] pid_t own_pid_slow()
 {
-	pid_t p = cached_pid.load(std::memory_order_relaxed);
-	if (p)
-		return p;
 	static std::once_flag once;
 	std::call_once(once, [] {
 		pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); });
 	});
-	p = getpid();
+	pid_t p = getpid();
 	cached_pid.store(p, std::memory_order_relaxed);
 	return p;
+}
+
+pid_t own_pid()
+{
+	pid_t p = cached_pid.load(std::memory_order_relaxed);
+	return p ? p : own_pid_slow();
 }
 
 uint64_t monotonic_ns()
@@ -1029,18 +1032,30 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 		[&](shm::CqEntry &e) { fill_entry(e, c); }, channel_fd, overrun_now, cons_seen);
 }
 
+namespace {
+
+/* deliver_send_completion() from inside a poll batch of the CQ: deferred
+ * as a whole Completion (deliver_completion()). Out of line: rare. */
+[[gnu::noinline]] int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
+					    enum ibv_wc_opcode opcode, uint32_t qp_num,
+					    uint32_t byte_len)
+{
+	Completion c{};
+	c.wc.wr_id = wr_id;
+	c.wc.status = status;
+	c.wc.opcode = opcode;
+	c.wc.qp_num = qp_num;
+	c.wc.byte_len = byte_len;
+	return deliver_completion(cq, c);
+}
+
+} // namespace
+
 int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 			    enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len)
 {
-	if (polling_batch == &cq) {
-		Completion c{};
-		c.wc.wr_id = wr_id;
-		c.wc.status = status;
-		c.wc.opcode = opcode;
-		c.wc.qp_num = qp_num;
-		c.wc.byte_len = byte_len;
-		return deliver_completion(cq, c);
-	}
+	if (polling_batch == &cq) [[unlikely]]
+		return defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len);
 	/* What fill_entry() writes for that Completion, without building it
 	 * (the timestamp: produce_entry()). */
 	auto fill = [&](shm::CqEntry &e) {
