@@ -393,10 +393,16 @@ bool readable(int fd)
  */
 bool load_current(Cq &cq)
 {
-	if (!pop_completion(cq, cq.current))
+	/* What the read_* helpers report: the ibv_wc and the timestamp (the
+	 * other fields of `current` are never anything but zero). */
+	Completion &c = cq.current;
+	if (consume(*cq.ring, cq.capacity, 1, [&](const shm::CqEntry &e, int) {
+		    read_wc(e, c.wc);
+		    c.timestamp_ns = e.timestamp_ns;
+	    }) != 1)
 		return false;
-	cq.ibv.cq_ex.status = cq.current.wc.status;
-	cq.ibv.cq_ex.wr_id = cq.current.wc.wr_id;
+	cq.ibv.cq_ex.status = c.wc.status;
+	cq.ibv.cq_ex.wr_id = c.wc.wr_id;
 	return true;
 }
 
