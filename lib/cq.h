@@ -61,6 +61,10 @@ struct Completion {
 
 enum class CqArm : uint8_t { None, Solicited, Next };
 
+/* This thread's identity for PollLock (its address; initial-exec: one
+ * %fs-relative lea, no __tls_get_addr). */
+extern thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
+
 /*
  * A CQ's consumer lock: serialises the threads that poll one CQ (ibv_poll_cq,
  * a start_poll..end_poll batch, cq_clean, resize_cq), recursive for the
@@ -74,10 +78,6 @@ enum class CqArm : uint8_t { None, Solicited, Next };
  * and it looks again, so a lost wake-up costs a short delay, never a hang,
  * and never a busy CPU.
  */
-/* This thread's identity for PollLock (its address; initial-exec: one
- * %fs-relative lea, no __tls_get_addr). */
-extern thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
-
 class PollLock {
 public:
 	void lock()
@@ -146,7 +146,9 @@ struct Cq {
 	 * this process is the only consumer, under `lock`, which is held from
 	 * start_poll() to end_poll() as libmlx5 holds its CQ spinlock, and is
 	 * recursive: the application may poll, clean (modify a QP to RESET)
-	 * or resize the CQ from inside its own batch. */
+	 * or resize the CQ from inside its own batch (what it delivers into
+	 * the CQ from there is deferred to end_poll(), deliver_completion(),
+	 * and takes no lock). */
 	PollLock lock;
 	shm::CqRing *ring = nullptr;
 	uint64_t ring_off = 0;         /* in Segment::of(device) */
