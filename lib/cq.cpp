@@ -13,8 +13,10 @@
 #include "process.h"
 #include "segment.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -75,6 +77,30 @@ bool counts_as_solicited(const Completion &c)
 	return c.solicited || c.wc.status != IBV_WC_SUCCESS;
 }
 
+/* The lap of ring index `index`, as a slot's tag holds it (30 bits). */
+uint32_t lap_of(uint64_t index, unsigned capacity_log2)
+{
+	return uint32_t(shm::cq_slot_tag(index, capacity_log2) >> 32);
+}
+
+/* How a slot's state relates to ring index `index` (the index whose slot
+ * it is in this lap): free for it, taken for it (claimed or ready), or of
+ * a later lap (index was taken and consumed), or of an earlier one (the
+ * index `capacity` before it was not consumed yet). Laps compare modulo
+ * 2^30, as the tag holds them. */
+enum class SlotFor { Free, Taken, Later, Earlier };
+
+SlotFor slot_for(uint64_t state, uint64_t index, unsigned capacity_log2)
+{
+	constexpr uint32_t lap_mask = uint32_t(shm::cq_slot_tag_mask >> 32);
+	const uint32_t ahead =
+		(uint32_t(state >> 32) - lap_of(index, capacity_log2)) & lap_mask;
+	if (ahead == 0)
+		return (state & shm::cq_slot_kind_mask) == shm::cq_slot_free ? SlotFor::Free
+									 : SlotFor::Taken;
+	return ahead <= lap_mask / 2 ? SlotFor::Later : SlotFor::Earlier;
+}
+
 shm::CqEntry *slot_at(shm::CqRing &ring, uint32_t capacity, uint64_t index)
 {
 	auto *slots = reinterpret_cast<shm::CqEntry *>(reinterpret_cast<char *>(&ring) +
@@ -82,23 +108,48 @@ shm::CqEntry *slot_at(shm::CqRing &ring, uint32_t capacity, uint64_t index)
 	return &slots[index & (capacity - 1)];
 }
 
+const shm::CqEntry *slot_at(const shm::CqRing &ring, uint32_t capacity, uint64_t index)
+{
+	return slot_at(const_cast<shm::CqRing &>(ring), capacity, index);
+}
+
+/* The entry holds an ibv_wc image (shm_layout.h CqEntry): the same
+ * fields at the same places, 8 bytes into the slot. */
+#define SHMV_WC_AT(field)                                                               \
+	static_assert(offsetof(shm::CqEntry, field) ==                                 \
+			      shm::cq_entry_wc_offset + offsetof(struct ibv_wc, field) &&   \
+		      sizeof(shm::CqEntry::field) == sizeof(ibv_wc::field))
+SHMV_WC_AT(wr_id);
+SHMV_WC_AT(status);
+SHMV_WC_AT(opcode);
+SHMV_WC_AT(vendor_err);
+SHMV_WC_AT(byte_len);
+SHMV_WC_AT(imm_data);
+SHMV_WC_AT(qp_num);
+SHMV_WC_AT(src_qp);
+SHMV_WC_AT(wc_flags);
+SHMV_WC_AT(pkey_index);
+SHMV_WC_AT(slid);
+SHMV_WC_AT(sl);
+SHMV_WC_AT(dlid_path_bits);
+#undef SHMV_WC_AT
+static_assert(sizeof(struct ibv_wc) == shm::cq_entry_wc_bytes &&
+	      offsetof(shm::CqEntry, solicited) >=
+		      shm::cq_entry_wc_offset + offsetof(struct ibv_wc, dlid_path_bits) + 1);
+
+void *wc_image(shm::CqEntry &e) { return reinterpret_cast<char *>(&e) + shm::cq_entry_wc_offset; }
+const void *wc_image(const shm::CqEntry &e)
+{
+	return reinterpret_cast<const char *>(&e) + shm::cq_entry_wc_offset;
+}
+
 void fill_entry(shm::CqEntry &e, const Completion &c)
 {
-	e.wr_id = c.wc.wr_id;
-	e.timestamp_ns = c.timestamp_ns;
-	e.status = uint8_t(c.wc.status);
-	e.opcode = uint8_t(c.wc.opcode);
-	e.vendor_err = uint8_t(c.wc.vendor_err);
-	e.byte_len = c.wc.byte_len;
-	e.imm_data = c.wc.imm_data;
-	e.qp_num = c.wc.qp_num;
-	e.src_qp = c.wc.src_qp;
-	e.wc_flags = uint16_t(c.wc.wc_flags);
-	e.pkey_index = c.wc.pkey_index;
-	e.slid = c.wc.slid;
-	e.sl = c.wc.sl;
-	e.dlid_path_bits = c.wc.dlid_path_bits;
+	std::memcpy(wc_image(e), &c.wc, sizeof(c.wc));
+	/* Over ibv_wc's padding. */
 	e.solicited = c.solicited;
+	e.reserved = 0;
+	e.timestamp_ns = c.timestamp_ns;
 }
 
 /* The ring stores CLOCK_MONOTONIC ns (the device's raw clock); the wall
@@ -114,25 +165,14 @@ uint64_t monotonic_to_wallclock(uint64_t mono_ns)
 	return uint64_t(now_real - (now_mono - int64_t(mono_ns)));
 }
 
-/* Every ibv_wc field is written: ibv_poll_cq() decodes straight into the
- * caller's array. */
+/* Every ibv_wc field is written (ibv_poll_cq() decodes straight into the
+ * caller's array): one copy, then the check of what a peer may have got
+ * wrong. Only values the enum knows leave the ring. */
 void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
 {
-	wc.wr_id = e.wr_id;
-	/* Only values the enums know leave the ring (a peer wrote them). */
-	wc.status = e.status <= IBV_WC_TM_RNDV_INCOMPLETE ? ibv_wc_status(e.status)
-							  : IBV_WC_GENERAL_ERR;
-	wc.opcode = ibv_wc_opcode(e.opcode);
-	wc.vendor_err = e.vendor_err;
-	wc.byte_len = e.byte_len;
-	wc.imm_data = e.imm_data;
-	wc.qp_num = e.qp_num;
-	wc.src_qp = e.src_qp;
-	wc.wc_flags = e.wc_flags;
-	wc.pkey_index = e.pkey_index;
-	wc.slid = e.slid;
-	wc.sl = e.sl;
-	wc.dlid_path_bits = e.dlid_path_bits;
+	std::memcpy(&wc, wc_image(e), sizeof(wc));
+	if (e.status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]]
+		wc.status = IBV_WC_GENERAL_ERR;
 }
 
 void read_entry(const shm::CqEntry &e, Completion &c)
@@ -149,18 +189,21 @@ unsigned log2_of(uint32_t capacity) { return unsigned(__builtin_ctz(capacity)); 
  * completion names its producer: cached, and forgotten in a forked child. */
 std::atomic<pid_t> cached_pid{0};
 
-pid_t own_pid()
+[[gnu::noinline]] pid_t own_pid_slow()
 {
-	pid_t p = cached_pid.load(std::memory_order_relaxed);
-	if (p)
-		return p;
 	static std::once_flag once;
 	std::call_once(once, [] {
 		pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); });
 	});
-	p = getpid();
+	pid_t p = getpid();
 	cached_pid.store(p, std::memory_order_relaxed);
 	return p;
+}
+
+pid_t own_pid()
+{
+	pid_t p = cached_pid.load(std::memory_order_relaxed);
+	return p ? p : own_pid_slow();
 }
 
 uint64_t monotonic_ns()
@@ -194,13 +237,18 @@ bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid)
 	return now - seen_ns >= 1000000 && process_gone(pid_t(pid));
 }
 
-/* Nothing to poll and no overrun to report: a couple of loads, no lock.
- * A snapshot, as any poll is: a completion published meanwhile is found
- * by the next poll. */
-bool surely_empty(const Cq &cq)
+/* Nothing to poll and no overrun to report: three loads (cons, the slot
+ * at cons, the overrun word), no lock, no look at the producers' line. A
+ * snapshot, as any poll is: a completion published meanwhile is found by
+ * the next poll. seq_cst: after req_notify_cq's store of the arm, a
+ * producer either sees the arm or its entry is seen here (shm_layout.h
+ * CqRing; a plain load on x86). */
+[[gnu::always_inline]] inline bool surely_empty(const Cq &cq)
 {
 	const shm::CqRing &r = *cq.ring;
-	return r.cons.load(std::memory_order_relaxed) == r.prod.load(std::memory_order_acquire) &&
+	const uint64_t c = r.cons.load(std::memory_order_relaxed);
+	return slot_at(r, cq.capacity, c)->state.load(std::memory_order_seq_cst) ==
+		       (shm::cq_slot_free | shm::cq_slot_tag(c, log2_of(cq.capacity))) &&
 	       !r.overrun.load(std::memory_order_relaxed);
 }
 
@@ -215,47 +263,77 @@ thread_local __attribute__((tls_model("initial-exec"))) Cq *polling_batch = null
 
 namespace {
 
-/* The consumer's loop; `decode(entry)` copies a published entry out. */
+/* Whether the slot of ring index `index`, claimed (state `st`), was
+ * claimed for it by a producer that died (the consumer skips it). Out of
+ * the consumer's loop: the rare case. */
+[[gnu::noinline, gnu::cold]] bool abandoned(const shm::CqRing &ring, uint64_t index, uint64_t st,
+					    uint64_t tag)
+{
+	return (st & shm::cq_slot_tag_mask) == tag &&
+	       claim_abandoned(ring, index, uint32_t(st & shm::cq_slot_pid_mask));
+}
+
+/* The consumer's loop (the owner, under its CQ lock): copies out up to
+ * `max` published completions, oldest first, with `decode(entry, i)`, and
+ * returns how many. The slot at cons says it all: ready for cons (take
+ * it), free for cons (empty), claimed for cons (being written; skipped
+ * when its producer died). Each slot is freed for the next lap as it is
+ * copied; cons moves once, at the end (as libmlx5 rings the consumer
+ * index once per poll): producers that read it meanwhile see less room,
+ * never more. */
 template <typename Decode>
-bool consume_one(shm::CqRing &ring, uint32_t capacity, Decode &&decode)
+int consume(shm::CqRing &ring, uint32_t capacity, int max, Decode &&decode)
 {
 	const unsigned lg = log2_of(capacity);
-	for (;;) {
-		uint64_t c = ring.cons.load(std::memory_order_relaxed);
-		if (c == ring.prod.load(std::memory_order_acquire))
-			return false;
+	const uint64_t first = ring.cons.load(std::memory_order_relaxed);
+	uint64_t c = first;
+	int n = 0;
+	while (n < max) {
 		shm::CqEntry *e = slot_at(ring, capacity, c);
 		const uint64_t tag = shm::cq_slot_tag(c, lg);
-		/* Pairs with the producer's release store of `ready`. */
-		uint64_t st = e->state.load(std::memory_order_acquire);
-		bool take = st == (shm::cq_slot_ready | tag);
-		if (take) {
-			decode(*e);
-			/* counts_as_solicited(), from the entry. */
-			if (e->solicited || e->status != IBV_WC_SUCCESS)
-				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
-		} else if (!((st & shm::cq_slot_kind_mask) == shm::cq_slot_claimed &&
-			     (st & shm::cq_slot_tag_mask) == tag &&
-			     claim_abandoned(ring, c, uint32_t(st & shm::cq_slot_pid_mask)))) {
-			return false; /* being filled */
+		/* Pairs with the producer's release (or seq_cst) store of
+		 * `ready`; seq_cst as in surely_empty(). */
+		const uint64_t st = e->state.load(std::memory_order_seq_cst);
+		if (st == (shm::cq_slot_ready | tag)) {
+			decode(*e, n);
+			n++;
+		} else if ((st & shm::cq_slot_kind_mask) != shm::cq_slot_claimed ||
+			   !abandoned(ring, c, st, tag)) {
+			break; /* empty, or being filled */
 		}
-		/* Free for the next lap. Release: our copy is done before a
-		 * producer's claim (acquire CAS) can see the slot free. */
+		/* Free for the next lap (a dead producer's slot: skipped).
+		 * Release: our copy is done before a producer's claim (acquire
+		 * CAS) can see the slot free. */
 		e->state.store(shm::cq_slot_free | shm::cq_slot_tag(c + capacity, lg),
 			       std::memory_order_release);
-		/* Pairs with the producers' acquire load of cons. */
-		ring.cons.store(c + 1, std::memory_order_release);
-		if (take)
-			return true;
-		/* A dead producer's slot: skipped. */
+		c++;
 	}
+	/* Pairs with the producers' acquire load of cons: every slot below
+	 * it is free for its next lap. */
+	if (c != first)
+		ring.cons.store(c, std::memory_order_release);
+	return n;
+}
+
+/* Completions the ring holds (published or being written, from cons on).
+ * Caller holds the CQ lock. */
+uint64_t occupied(const shm::CqRing &ring, uint32_t capacity)
+{
+	const unsigned lg = log2_of(capacity);
+	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
+	uint64_t i = cons;
+	while (i - cons < capacity &&
+	       slot_for(slot_at(ring, capacity, i)->state.load(std::memory_order_acquire), i, lg) ==
+		       SlotFor::Taken)
+		i++;
+	return i - cons;
 }
 
 } // namespace
 
 bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
 {
-	return consume_one(ring, capacity, [&](const shm::CqEntry &e) { read_entry(e, out); });
+	return consume(ring, capacity, 1, [&](const shm::CqEntry &e, int) { read_entry(e, out); }) == 1;
 }
 
 namespace {
@@ -268,7 +346,7 @@ bool pop_completion(Cq &cq, Completion &out)
 
 /* Raises IBV_EVENT_CQ_ERR once for an overflow that any producer (maybe in
  * another process) recorded in the ring. Caller holds cq.lock. */
-void report_overrun(Cq &cq)
+[[gnu::noinline]] void report_overrun(Cq &cq)
 {
 	if (cq.overrun_reported || !cq.ring->overrun.load(std::memory_order_acquire))
 		return;
@@ -315,10 +393,16 @@ bool readable(int fd)
  */
 bool load_current(Cq &cq)
 {
-	if (!pop_completion(cq, cq.current))
+	/* What the read_* helpers report: the ibv_wc and the timestamp (the
+	 * other fields of `current` are never anything but zero). */
+	Completion &c = cq.current;
+	if (consume(*cq.ring, cq.capacity, 1, [&](const shm::CqEntry &e, int) {
+		    read_wc(e, c.wc);
+		    c.timestamp_ns = e.timestamp_ns;
+	    }) != 1)
 		return false;
-	cq.ibv.cq_ex.status = cq.current.wc.status;
-	cq.ibv.cq_ex.wr_id = cq.current.wc.wr_id;
+	cq.ibv.cq_ex.status = c.wc.status;
+	cq.ibv.cq_ex.wr_id = c.wc.wr_id;
 	return true;
 }
 
@@ -421,6 +505,55 @@ void install_poll_ops(struct ibv_cq_ex &ex, uint64_t wc_flags)
 }
 
 } // namespace
+
+/* --- The consumer lock --- */
+
+thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
+
+namespace {
+
+void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+} // namespace
+
+void PollLock::lock_contended()
+{
+	/* A poll holds the lock for tens of nanoseconds: spin a little first
+	 * (a batch or a resize may hold it much longer). */
+	for (int i = 0; i < 200; i++) {
+		cpu_relax();
+		uint32_t expected = free_;
+		if (word_.load(std::memory_order_relaxed) == free_ &&
+		    word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
+						  std::memory_order_relaxed))
+			return;
+	}
+	/* Then sleep, announced. Taking the lock from here leaves it
+	 * `contended`, so its unlock wakes the next waiter, if any. */
+	long sleep_ns = 20000;
+	while (word_.exchange(contended_, std::memory_order_acquire) != free_) {
+		struct timespec ts = {0, sleep_ns};
+		syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word_), FUTEX_WAIT_PRIVATE,
+			contended_, &ts, nullptr, 0);
+		sleep_ns = std::min(sleep_ns * 2, 1000000L);
+	}
+}
+
+void PollLock::unlock_contended()
+{
+	word_.store(free_, std::memory_order_release);
+	syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word_), FUTEX_WAKE_PRIVATE, 1, nullptr,
+		nullptr, 0);
+}
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+		      std::atomic<uint32_t>::is_always_lock_free,
+	      "PollLock sleeps on its word with futex()");
 
 /* --- Completion channels --- */
 
@@ -611,7 +744,7 @@ int resize_cq(Cq &cq, int cqe)
 	shm::CqRing &ring = *cq.ring;
 	/* The device refuses to shrink below the completions it holds;
 	 * those it holds move to the resized CQ in order. */
-	if (ring.prod.load() - ring.cons.load() > granted)
+	if (occupied(ring, cq.capacity) > granted)
 		return EINVAL;
 	if (granted + 1 > cq.capacity) {
 		/* A bigger ring. Producers in other processes reach the ring
@@ -639,8 +772,6 @@ int resize_cq(Cq &cq, int cqe)
 		while (pop_completion(cq, c)) {
 			shm::CqEntry *e = slot_at(*fresh, capacity, n);
 			fill_entry(*e, c);
-			if (counts_as_solicited(c))
-				fresh->solicited_published.fetch_add(1);
 			e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(n, log2_of(capacity)));
 			n++;
 		}
@@ -717,14 +848,10 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 		return 0;
 	}
 	std::lock_guard guard(cq.lock);
-	report_overrun(cq);
-	int n = 0;
-	shm::CqRing &ring = *cq.ring;
-	const uint32_t cap = cq.capacity;
-	while (n < num_entries &&
-	       consume_one(ring, cap, [&](const shm::CqEntry &e) { read_wc(e, wc[n]); }))
-		n++;
-	return n;
+	if (cq.ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
+		report_overrun(cq);
+	return consume(*cq.ring, cq.capacity, num_entries,
+		       [&](const shm::CqEntry &e, int i) { read_wc(e, wc[i]); });
 }
 
 int cq_clean(Cq &cq, uint32_t qp_num)
@@ -739,24 +866,20 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 	 * (producers only claim free slots), so they can be rewritten in
 	 * place. Completions still being written are left alone. */
 	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
-	const uint64_t prod = ring.prod.load(std::memory_order_acquire);
 	std::vector<Completion> kept;
 	uint64_t end = cons;
 	int removed = 0;
-	for (; end != prod; end++) {
+	for (; end - cons < cap; end++) {
 		shm::CqEntry *e = slot_at(ring, cap, end);
 		if (e->state.load(std::memory_order_acquire) !=
 		    (shm::cq_slot_ready | shm::cq_slot_tag(end, lg)))
 			break;
 		Completion c;
 		read_entry(*e, c);
-		if (c.wc.qp_num != qp_num) {
+		if (c.wc.qp_num != qp_num)
 			kept.push_back(c);
-		} else {
+		else
 			removed++;
-			if (counts_as_solicited(c))
-				ring.solicited_polled.fetch_add(1, std::memory_order_relaxed);
-		}
 	}
 	if (!removed)
 		return 0;
@@ -831,21 +954,29 @@ int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, 
 		return ENOSPC; /* an overrun CQ is in error for good */
 	const unsigned lg = log2_of(capacity);
 	const uint64_t pid = uint32_t(own_pid());
-	uint64_t p;
+	const uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
+	/* cons only grows, so a copy never overstates the room; a copy ahead
+	 * of the ring's indices is another ring's (a CQ made anew at that
+	 * place). Pairs with the consumer's release store of cons. */
+	uint64_t cons = cons_seen ? *cons_seen : ring.cons.load(std::memory_order_acquire);
+	/* Where the last producer claimed (a hint: see shm_layout.h CqRing). */
+	uint64_t p = ring.prod.load(std::memory_order_relaxed);
 	shm::CqEntry *e;
 	for (;;) {
-		p = ring.prod.load(std::memory_order_seq_cst);
-		uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
-		/* cons only grows, so a copy never overstates the room; one
-		 * ahead of prod is another ring's (a CQ made anew at that
-		 * place). Pairs with the consumer's release store of cons. */
-		uint64_t cons = cons_seen ? *cons_seen : 0;
-		if (!cons_seen || cons > p || p - cons >= limit) {
-			cons = ring.cons.load(std::memory_order_acquire);
+		if (p < cons || p - cons >= limit) {
+			/* Full by this copy of cons, or the hint is behind it:
+			 * decide on a fresh one. */
+			const uint64_t fresh = ring.cons.load(std::memory_order_acquire);
 			if (cons_seen)
-				*cons_seen = cons;
-		}
-		if (p - cons >= limit && p >= cons) {
+				*cons_seen = fresh;
+			if (fresh != cons) {
+				cons = fresh;
+				continue;
+			}
+			if (p < cons) {
+				p = cons; /* every index below cons was claimed */
+				continue;
+			}
 			if (ring.ignore_overrun.load(std::memory_order_relaxed))
 				return ENOSPC;
 			uint32_t zero = 0;
@@ -861,27 +992,38 @@ int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, 
 		 * consumer sees who held the slot. Acquire pairs with the
 		 * consumer's release store that freed it. */
 		if (e->state.compare_exchange_strong(st, shm::cq_slot_claimed | tag | pid,
-						     std::memory_order_acq_rel)) {
-			ring.prod.compare_exchange_strong(p, p + 1, std::memory_order_seq_cst);
+						     std::memory_order_acquire,
+						     std::memory_order_relaxed))
 			break;
-		}
-		/* Index p is taken: help its claimer move prod on (it may
-		 * have died before doing so), then try the next one. A slot
-		 * of an older lap or a later one means p was stale. */
-		if ((st & shm::cq_slot_tag_mask) == tag && (st & shm::cq_slot_kind_mask) != 0) {
-			uint64_t expected = p;
-			ring.prod.compare_exchange_strong(expected, p + 1, std::memory_order_seq_cst);
-		}
+		/* Index p is taken (maybe consumed already): the next one. A
+		 * slot still of the lap before p's cannot be, with p - cons
+		 * below the capacity (the consumer frees a slot before cons
+		 * passes it): only a corrupt ring has one, and it is full. */
+		if (slot_for(st, p, lg) == SlotFor::Earlier)
+			return ENOSPC;
+		p++;
 	}
+	/* For the next producer; a plain store, as it is only a hint. Not
+	 * moved back when a faster producer moved it further meanwhile
+	 * (it may still be, by a race: the next producer then steps over the
+	 * taken slots). */
+	if (ring.prod.load(std::memory_order_relaxed) <= p)
+		ring.prod.store(p + 1, std::memory_order_relaxed);
 	fill(*e);
 	/* The completion's time is when it is written; only CQs that report
 	 * it pay for the clock (an entry may come stamped: the test hook). */
 	if (ring.timestamps && !stamped)
 		e->timestamp_ns = monotonic_ns();
-	/* Pairs with the consumer's acquire load of the state. */
-	e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(p, lg), std::memory_order_seq_cst);
-	if (sol)
-		ring.solicited_published.fetch_add(1, std::memory_order_seq_cst);
+	const uint64_t ready = shm::cq_slot_ready | shm::cq_slot_tag(p, lg);
+	if (channel_fd < 0) {
+		/* No event can be delivered: the release store pairs with the
+		 * consumer's load of the state, and nothing else is ordered. */
+		e->state.store(ready, std::memory_order_release);
+		return 0;
+	}
+	/* Publish, then look at the arm: ordered against req_notify_cq's
+	 * store of the arm and its poll after it (shm_layout.h CqRing). */
+	e->state.store(ready, std::memory_order_seq_cst);
 	maybe_fire(ring, sol, channel_fd);
 	return 0;
 }
@@ -896,24 +1038,36 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 		[&](shm::CqEntry &e) { fill_entry(e, c); }, channel_fd, overrun_now, cons_seen);
 }
 
+namespace {
+
+/* deliver_send_completion() from inside a poll batch of the CQ: deferred
+ * as a whole Completion (deliver_completion()). Out of line: rare. */
+[[gnu::noinline]] int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
+					    enum ibv_wc_opcode opcode, uint32_t qp_num,
+					    uint32_t byte_len)
+{
+	Completion c{};
+	c.wc.wr_id = wr_id;
+	c.wc.status = status;
+	c.wc.opcode = opcode;
+	c.wc.qp_num = qp_num;
+	c.wc.byte_len = byte_len;
+	return deliver_completion(cq, c);
+}
+
+} // namespace
+
 int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 			    enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len)
 {
-	if (polling_batch == &cq) {
-		Completion c{};
-		c.wc.wr_id = wr_id;
-		c.wc.status = status;
-		c.wc.opcode = opcode;
-		c.wc.qp_num = qp_num;
-		c.wc.byte_len = byte_len;
-		return deliver_completion(cq, c);
-	}
-	/* What fill_entry() writes for that Completion, without building it. */
+	if (polling_batch == &cq) [[unlikely]]
+		return defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len);
+	/* What fill_entry() writes for that Completion, without building it
+	 * (the timestamp: produce_entry()). */
 	auto fill = [&](shm::CqEntry &e) {
 		e.wr_id = wr_id;
-		e.timestamp_ns = 0;
-		e.status = uint8_t(status);
-		e.opcode = uint8_t(opcode);
+		e.status = status;
+		e.opcode = opcode;
 		e.vendor_err = 0;
 		e.byte_len = byte_len;
 		e.imm_data = 0;
@@ -925,6 +1079,7 @@ int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 		e.sl = 0;
 		e.dlid_path_bits = 0;
 		e.solicited = 0;
+		e.reserved = 0;
 	};
 	bool overrun_now = false;
 	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false, fill,

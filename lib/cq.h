@@ -11,8 +11,8 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
-#include <vector>
 #include <mutex>
+#include <vector>
 
 namespace shmverbs {
 
@@ -61,6 +61,68 @@ struct Completion {
 
 enum class CqArm : uint8_t { None, Solicited, Next };
 
+/* This thread's identity for PollLock (its address; initial-exec: one
+ * %fs-relative lea, no __tls_get_addr). */
+extern thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
+
+/*
+ * A CQ's consumer lock: serialises the threads that poll one CQ (ibv_poll_cq,
+ * a start_poll..end_poll batch, cq_clean, resize_cq), recursive for the
+ * thread that holds it. Uncontended, lock and unlock cost one locked
+ * instruction in all (the CAS that takes it; unlock is a plain store),
+ * against two for std::recursive_mutex.
+ * A waiter spins briefly and then sleeps on the word (futex), announcing
+ * itself by setting it to `contended`; the unlock that finds `contended`
+ * wakes one. An unlock that read `held` just before a waiter's announcement
+ * wakes nobody: that waiter's sleep is bounded (20 us, doubling up to 1 ms)
+ * and it looks again, so a lost wake-up costs a short delay, never a hang,
+ * and never a busy CPU.
+ */
+class PollLock {
+public:
+	void lock()
+	{
+		const void *me = &poll_lock_thread_tag;
+		if (owner_.load(std::memory_order_relaxed) == me) {
+			depth_++;
+			return;
+		}
+		uint32_t expected = free_;
+		if (!word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
+						   std::memory_order_relaxed)) [[unlikely]]
+			lock_contended();
+		owner_.store(me, std::memory_order_relaxed);
+	}
+	void unlock()
+	{
+		if (depth_) {
+			depth_--;
+			return;
+		}
+		owner_.store(nullptr, std::memory_order_relaxed);
+		/* Only a waiter changes the word while we hold it (held ->
+		 * contended): a plain store releases it when none has announced
+		 * itself. One that does so between this load and the store
+		 * sleeps out its bounded sleep. */
+		if (word_.load(std::memory_order_relaxed) == held_) [[likely]]
+			word_.store(free_, std::memory_order_release);
+		else
+			unlock_contended();
+	}
+
+private:
+	static constexpr uint32_t free_ = 0, held_ = 1, contended_ = 2;
+	void lock_contended();
+	void unlock_contended();
+
+	std::atomic<uint32_t> word_{free_};
+	/* The holder's thread (a per-thread address), for recursion: only the
+	 * holder ever stores its own identity here, so reading it back means
+	 * the reader holds the lock. */
+	std::atomic<const void *> owner_{nullptr};
+	uint32_t depth_ = 0; /* nested lock() calls of the holder */
+};
+
 struct Cq {
 	/* ibv_cq_ex begins with the fields of ibv_cq, so one object serves
 	 * both ibv_create_cq() and ibv_create_cq_ex() (ibv_cq_ex_to_cq casts). */
@@ -81,11 +143,13 @@ struct Cq {
 
 	/* The completion ring, in this process's shared segment (layout and
 	 * protocol: shm_layout.h CqRing). Producers in any process append;
-	 * this process is the only consumer, under `lock`. Recursive because
-	 * the data path may deliver a completion from inside a
-	 * start_poll()/end_poll() batch of the same thread; `lock` is held from
-	 * start_poll() to end_poll() as libmlx5 holds its CQ spinlock. */
-	std::recursive_mutex lock;
+	 * this process is the only consumer, under `lock`, which is held from
+	 * start_poll() to end_poll() as libmlx5 holds its CQ spinlock, and is
+	 * recursive: the application may poll, clean (modify a QP to RESET)
+	 * or resize the CQ from inside its own batch (what it delivers into
+	 * the CQ from there is deferred to end_poll(), deliver_completion(),
+	 * and takes no lock). */
+	PollLock lock;
 	shm::CqRing *ring = nullptr;
 	uint64_t ring_off = 0;         /* in Segment::of(device) */
 	uint64_t ring_bytes = 0;

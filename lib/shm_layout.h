@@ -25,7 +25,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 5;
+constexpr uint32_t shm_version = 6;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -178,8 +178,8 @@ constexpr uint64_t rq_slots_offset = 192;
 /* ---- Completion queue ring ---- */
 
 /*
- * One completion as it travels through shared memory: the ibv_wc fields
- * with fixed widths plus what the ibv_cq_ex readers can report.
+ * One completion as it travels through shared memory: an ibv_wc plus what
+ * the ibv_cq_ex readers can report.
  */
 struct CqEntry {
 	/* Slot state (cq_slot_* below), for ring index i of lap L = i / capacity:
@@ -189,29 +189,42 @@ struct CqEntry {
 	 *   ready   | tag(L)        published, for the consumer at index i
 	 * The claim itself is a CAS free|tag -> claimed|tag|pid, so no index
 	 * is ever reserved without its producer's pid on it. The producer
-	 * publishes with a release store; the consumer reads it acquire and
-	 * frees the slot for the next lap (release) after copying. */
+	 * publishes with a release store (seq_cst when the CQ has a channel:
+	 * see CqRing); the consumer reads it and frees the slot for the next
+	 * lap (release) after copying. The states of the slots are the ring's
+	 * truth: which index is next to claim, and whether the ring is empty,
+	 * is read from them, never from an index word. */
 	std::atomic<uint64_t> state;
+	/* The completion, laid out as struct ibv_wc (verbs.h; lib/cq.cpp
+	 * asserts it field by field), so that ibv_poll_cq() copies it out in
+	 * one 48-byte move and then checks `status`, which a peer wrote.
+	 * `solicited` sits where ibv_wc has padding. */
 	uint64_t wr_id;
-	uint64_t timestamp_ns;
+	uint32_t status;     /* enum ibv_wc_status */
+	uint32_t opcode;     /* enum ibv_wc_opcode */
+	uint32_t vendor_err;
 	uint32_t byte_len;
-	uint32_t imm_data; /* network order, as in ibv_wc */
+	uint32_t imm_data;   /* network order, as in ibv_wc */
 	uint32_t qp_num;
 	uint32_t src_qp;
-	uint16_t wc_flags;   /* enum ibv_wc_flags: bits 0..6 */
+	uint32_t wc_flags;   /* enum ibv_wc_flags */
 	uint16_t pkey_index;
 	uint16_t slid;
-	uint8_t status;      /* enum ibv_wc_status: < 32 */
-	uint8_t opcode;      /* enum ibv_wc_opcode: < 256 */
-	uint8_t vendor_err;  /* mlx5 reports an 8-bit syndrome */
 	uint8_t sl;
 	uint8_t dlid_path_bits;
-	uint8_t solicited;
-	uint8_t reserved[8];
+	uint8_t solicited;   /* IBV_SEND_SOLICITED was set */
+	uint8_t reserved;
+	/* CLOCK_MONOTONIC ns; meaningful only in rings whose CQ reports
+	 * completion timestamps (CqRing::timestamps), the only ones whose
+	 * producers are bound to write it. */
+	uint64_t timestamp_ns;
 };
 /* One cache line per completion: a producer and the consumer exchange
  * exactly one line per entry (slots start 64-byte aligned). */
 static_assert(sizeof(CqEntry) == 64);
+constexpr uint64_t cq_entry_wc_offset = 8; /* where the ibv_wc image starts */
+constexpr uint64_t cq_entry_wc_bytes = 48;  /* sizeof(struct ibv_wc) */
+static_assert(offsetof(CqEntry, timestamp_ns) == cq_entry_wc_offset + cq_entry_wc_bytes);
 
 constexpr uint64_t cq_slot_free = 0;
 constexpr uint64_t cq_slot_claimed = 1ull << 62;
@@ -233,19 +246,31 @@ enum CqArmWord : uint32_t { cq_arm_none = 0, cq_arm_solicited = 1, cq_arm_next =
  * A CQ's ring: multi-producer (the owner's own send completions and any
  * process's receive completions), single consumer (the owner, under its
  * in-process CQ lock).
- *   producer: p = prod; if p - cons >= limit: overrun;
- *             CAS slot[p].state free|tag(p) -> claimed|tag(p)|pid (else: the
- *             slot is taken for p, help CAS prod p -> p+1, or p is stale:
- *             retry); CAS prod p -> p+1; fill; state = ready|tag(p) (release)
- *   consumer: slot[cons].state (acquire) == ready|tag(cons): copy;
- *             state = free|tag(cons + capacity) (release); cons + 1 (release)
- * prod passes an index only after its slot was claimed, so a producer that
- * dies at any point leaves its pid behind: the consumer skips a slot
- * claimed by a pid that no longer exists.
+ *   producer: p = max(prod, cons); if p - cons >= limit (cons re-read):
+ *             overrun; CAS slot[p].state free|tag(p) -> claimed|tag(p)|pid;
+ *             when the slot is taken for p (claimed or ready, or already
+ *             of a later lap): p + 1 and again; prod = p + 1 (a plain
+ *             store); fill; state = ready|tag(p) (release)
+ *   consumer: slot[cons].state == ready|tag(cons): copy;
+ *             state = free|tag(cons + capacity) (release);
+ *             cons = cons + 1 (release; once per poll call)
+ *             free|tag(cons): empty
+ * Indices are claimed in order with no gap: every index below cons was
+ * claimed, and `prod` is only a hint, a producer's (maybe stale, maybe
+ * moved back by a slower producer) note of the claimed index + 1, from
+ * where the next producer looks for the first free slot. So a producer
+ * that dies at any point, after its claim or before moving prod, leaves
+ * its pid in the slot, and the consumer skips a slot claimed by a pid that
+ * no longer exists; no index word ever waits for a producer. Claiming
+ * costs one locked instruction, the slot CAS.
  * Arming is a word here so that a producer in any process can disarm and
  * fire: it CASes `arm` to none and, if it won, bumps `fired` and then writes
  * one token to the channel's eventfd. The owner's channel code takes one
- * event per token (`fired` counts them per CQ).
+ * event per token (`fired` counts them per CQ). Only a producer that has a
+ * channel to write to looks at `arm`, and only it orders its publication
+ * before that look (seq_cst store of the state, against req_notify_cq's
+ * seq_cst store of `arm` and its later poll): without a channel no event
+ * can be delivered and the release store suffices.
  */
 struct CqRing {
 	uint32_t magic;
@@ -260,14 +285,12 @@ struct CqRing {
 	 * the owner before the ring is used. */
 	uint32_t timestamps;
 	uint32_t reserved;
-	/* Producers move prod, the consumer cons: one cache line each, so an
-	 * idle consumer polling prod and producers checking cons only share
-	 * lines, and each index costs one transfer when it moves. */
+	/* Producers move prod, the consumer cons: one cache line each. The
+	 * consumer never reads prod (it reads the slot at cons); a producer
+	 * that keeps a copy of cons re-reads it only when the copy says the
+	 * ring is full (cq_ring_produce's cons_seen). */
 	alignas(64) std::atomic<uint64_t> prod;
 	alignas(64) std::atomic<uint64_t> cons;
-	/* Published solicited-or-unsuccessful completions not yet polled. */
-	alignas(64) std::atomic<uint64_t> solicited_published;
-	std::atomic<uint64_t> solicited_polled;
 	/* slots follow at cq_slots_offset */
 };
 static_assert(sizeof(CqRing) <= 256);
