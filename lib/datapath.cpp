@@ -982,7 +982,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
 		return one_sided({wr.opcode, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap}, *t.desc,
-				 peer, access_pdn, local, wc);
+				 peer, access_pdn, local, length, wc);
 	case IBV_WR_RDMA_WRITE_WITH_IMM: {
 		const KeyRef *rkey = hold_rkey(peer, *t.desc, access_pdn, wr.rkey, wr.remote_addr, length,
 					       IBV_ACCESS_REMOTE_WRITE);
@@ -1132,13 +1132,6 @@ rnr:
 	return Outcome::Wait;
 }
 
-bool QpEngine::target_valid(uint32_t qpn) const
-{
-	return target_.desc && target_.qpn == qpn &&
-	       !target_.seg->gone.load(std::memory_order_acquire) &&
-	       target_.desc->magic == shm::qp_magic && target_.desc->qpn == qpn;
-}
-
 /*
  * A one-sided operation needs both the responder QP's permission
  * (qp_access_flags; for XRC the XRC_RECV QP's, which `t` is) and the MR's,
@@ -1171,11 +1164,8 @@ const KeyRef *QpEngine::hold_rkey(const PeerSegment &peer, const shm::QpDesc &t,
  */
 QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const PeerSegment &peer,
 				      uint32_t pdn, std::span<const struct iovec> local,
-				      struct ibv_wc &wc)
+				      uint64_t length, struct ibv_wc &wc)
 {
-	uint64_t length = 0;
-	for (const struct iovec &v : local)
-		length += v.iov_len;
 	wc.status = IBV_WC_SUCCESS;
 	auto access_error = [&]() {
 		if (type_ == IBV_QPT_UC)
@@ -1329,22 +1319,36 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 	    tstate != IBV_QPS_SQE)
 		return Direct::NotTaken;
 
-	std::vector<struct iovec> &local = local_iov_;
-	local.clear();
+	/* The local pieces: on the stack for the common WR of one SGE or
+	 * inline piece (up to 4), else in the engine's vector. */
+	struct iovec few[4];
+	std::span<const struct iovec> local;
 	uint64_t length = 0;
-	if (wr.inlined) {
+	if (wr.inlined && wr.sge.size() <= std::size(few)) {
+		for (size_t i = 0; i < wr.sge.size(); i++) {
+			few[i] = {reinterpret_cast<void *>(wr.sge[i].addr), wr.sge[i].length};
+			length += wr.sge[i].length;
+		}
+		local = std::span(few, wr.sge.size());
+	} else if (wr.inlined) {
+		local_iov_.clear();
 		for (const struct ibv_sge &s : wr.sge) {
 			length += s.length;
-			local.push_back({reinterpret_cast<void *>(s.addr), s.length});
+			local_iov_.push_back({reinterpret_cast<void *>(s.addr), s.length});
 		}
-	} else if (local_iovecs(local_keys_, pdn_, wr.sge.data(), int(wr.sge.size()), local_access,
-				local, local_refs_, length)) {
-		local_refs_.end_wr();
-		return Direct::NotTaken;
+		local = local_iov_;
+	} else {
+		local_iov_.clear();
+		if (local_iovecs(local_keys_, pdn_, wr.sge.data(), int(wr.sge.size()), local_access,
+				 local_iov_, local_refs_, length)) {
+			local_refs_.end_wr();
+			return Direct::NotTaken;
+		}
+		local = local_iov_;
 	}
 	struct ibv_wc wc;
 	wc.byte_len = uint32_t(length);
-	const Outcome o = one_sided(wr.op, t, *target_.seg, t.pdn, local, wc);
+	const Outcome o = one_sided(wr.op, t, *target_.seg, t.pdn, local, length, wc);
 	local_refs_.end_wr();
 	complete_send(wr.wr_id, wr.send_flags, wr.op.opcode, wc.status, wc.byte_len);
 	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;

@@ -234,7 +234,12 @@ private:
 	void complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_wr_opcode opcode,
 			   enum ibv_wc_status status, uint32_t byte_len);
 	/* Whether target_ is still QP `qpn` (sq_lock_ held). */
-	bool target_valid(uint32_t qpn) const;
+	bool target_valid(uint32_t qpn) const
+	{
+		return target_.desc && target_.qpn == qpn &&
+		       !target_.seg->gone.load(std::memory_order_acquire) &&
+		       target_.desc->magic == shm::qp_magic && target_.desc->qpn == qpn;
+	}
 	const KeyRef *hold_rkey(const PeerSegment &peer, const shm::QpDesc &t, uint32_t pdn,
 				uint32_t rkey, uint64_t addr, uint64_t len, uint32_t access);
 	/* What a one-sided WR names at the responder. */
@@ -245,7 +250,7 @@ private:
 		uint64_t compare_add, swap;
 	};
 	Outcome one_sided(const OneSided &op, shm::QpDesc &t, const PeerSegment &peer, uint32_t pdn,
-			  std::span<const struct iovec> local, struct ibv_wc &wc);
+			  std::span<const struct iovec> local, uint64_t length, struct ibv_wc &wc);
 	/* post_send's and submit's direct path (lib/datapath.cpp). */
 	enum class Direct { NotTaken, Done, Fatal };
 	struct DirectWr {

@@ -395,19 +395,6 @@ size_t peer_cache_fds()
 	return n + channels.size();
 }
 
-bool PeerSegment::alive() const
-{
-	if (local)
-		return true;
-	if (gone.load(std::memory_order_acquire))
-		return false;
-	/* The owner's death notice (shm_layout.h SegmentHeader::owner_alive):
-	 * one load, no system call. */
-	const int *word = reinterpret_cast<const int *>(
-		base + offsetof(shm::SegmentHeader, owner_alive));
-	return (__atomic_load_n(word, __ATOMIC_ACQUIRE) & FUTEX_TID_MASK) != 0;
-}
-
 int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerObject &out,
 		   bool refresh)
 {

@@ -22,7 +22,10 @@
 #include "broker_client.h"
 #include "shm_layout.h"
 
+#include <linux/futex.h>
 #include <sys/types.h>
+
+#include <cstddef>
 
 #include <atomic>
 #include <cstdint>
@@ -131,7 +134,18 @@ struct PeerSegment {
 	}
 	/* Still alive: not reported gone and its owner-alive word still held
 	 * (shm_layout.h): one load, no system call. */
-	bool alive() const;
+	bool alive() const
+	{
+		if (local)
+			return true;
+		if (gone.load(std::memory_order_acquire))
+			return false;
+		/* The owner's death notice (shm_layout.h SegmentHeader::owner_alive):
+		 * one load, no system call. */
+		const int *word = reinterpret_cast<const int *>(
+			base + offsetof(shm::SegmentHeader, owner_alive));
+		return (__atomic_load_n(word, __ATOMIC_ACQUIRE) & FUTEX_TID_MASK) != 0;
+	}
 };
 
 constexpr uint64_t pack_object(uint32_t device, broker::ObjectKind kind, uint32_t id)
