@@ -996,7 +996,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		}
 		/* The immediate needs a receive WQE before anything moves. */
 		shm::RecvWqe wqe{};
-		std::vector<shm::RecvSge> rsges;
+		std::vector<shm::RecvSge> &rsges = recv_sges_;
 		if (enum ibv_wc_status st = open_recv_side())
 			return fail(st);
 		if ((rnr_early_attempt && !rq_refilled(rs.q)) || !consume_wqe(rs.q, wqe, rsges)) {
@@ -1032,7 +1032,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			return fail(st);
 		const PeerSegment *rq_seg = rs.seg;
 		shm::RecvWqe wqe{};
-		static thread_local std::vector<shm::RecvSge> rsges;
+		std::vector<shm::RecvSge> &rsges = recv_sges_;
 		if ((rnr_early_attempt && !rq_refilled(rs.q)) || !consume_wqe(rs.q, wqe, rsges)) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC/UD: dropped silently */
@@ -1067,7 +1067,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			/* Scatter: one contiguous source (gathered first when
 			 * the WR has several pieces), placed piece by piece
 			 * into the receive SGEs. */
-			static thread_local std::vector<char> gathered;
+			std::vector<char> &gathered = gathered_;
 			const char *data = local.empty() ? nullptr
 							 : static_cast<const char *>(local[0].iov_base);
 			if (local.size() > 1) {

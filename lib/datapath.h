@@ -320,8 +320,12 @@ private:
 		uint32_t rkey_value = 0;
 		const PeerSegment *rkey_seg = nullptr;
 	} held_;
-	/* execute()'s local iovecs and held local keys (under sq_lock_). */
+	/* execute()'s local iovecs and held local keys, the receive WQE's
+	 * SGEs and a gathered payload (under sq_lock_; kept with their
+	 * capacity: no allocation, no TLS lookup per WR). */
 	std::vector<struct iovec> local_iov_;
+	std::vector<shm::RecvSge> recv_sges_;
+	std::vector<char> gathered_;
 	LocalKeyCache local_refs_;
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
