@@ -160,7 +160,8 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 		std::memcpy(&wqe, slot, offsetof(shm::RecvWqe, seq));
 		wqe.seq = seq;
 		uint32_t n = std::min(wqe.num_sge, q.max_sge);
-		sges.resize(n);
+		if (sges.size() != n) /* the callers' vectors keep their size */
+			sges.resize(n);
 		if (n) /* a WQE may have no SGE: then sges.data() may be null */
 			std::memcpy(sges.data(), slot + sizeof(wqe), n * sizeof(shm::RecvSge));
 		wqe.num_sge = n;

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <sched.h>
 #include <sys/uio.h>
 #include <vector>
 
@@ -88,6 +89,44 @@ private:
 	size_t size_ = 0;
 	T local_[N];
 	std::vector<T> heap_; /* in use once non-empty */
+};
+
+/*
+ * The lock of a QP's receive queue (post_recv may be called by several
+ * threads): taking it is one locked instruction (an exchange) and dropping
+ * it a plain release store, where std::mutex pays a locked read-modify-write
+ * on both sides; a receiver reposting one WQE per message pays it per
+ * message. The critical section is short and never blocks; a waiter spins
+ * a little and then yields the CPU, since the holder may be preempted.
+ */
+class SpinLock {
+public:
+	void lock()
+	{
+		while (flag_.exchange(true, std::memory_order_acquire))
+			wait();
+	}
+	bool try_lock()
+	{
+		return !flag_.load(std::memory_order_relaxed) &&
+		       !flag_.exchange(true, std::memory_order_acquire);
+	}
+	void unlock() { flag_.store(false, std::memory_order_release); }
+
+private:
+	void wait()
+	{
+		for (unsigned spins = 0; flag_.load(std::memory_order_relaxed); spins++) {
+			if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+				__builtin_ia32_pause();
+#endif
+			} else {
+				sched_yield();
+			}
+		}
+	}
+	std::atomic<bool> flag_{false};
 };
 
 struct SendWr {
@@ -175,6 +214,20 @@ private:
 	/* lib/ud.cpp */
 	Outcome execute_ud(SendWr &wr, struct ibv_wc &wc, const struct iovec *local, int count,
 			   uint64_t length);
+	struct UdTarget;
+	struct UdMessage;
+	/* The unicast UD target `qpn` of `device` (ud_target_), revalidated
+	 * with loads, its in-flight count held (held_.inflight); nullptr when
+	 * the message is to be dropped (no such QP, dead, not UD). */
+	UdTarget *ud_target(uint32_t device, uint32_t qpn);
+	/* The receive side (RQ or SRQ ring, receive CQ ring) of ud_target_
+	 * as its descriptor names it now; false: drop. */
+	bool ud_recv_side(UdTarget &t);
+	/* Delivers one message into target `t` (in-flight count held by the
+	 * caller); `hold_key`: keep the receive buffer's key in held_ for
+	 * the next WRs of the post (only for a target whose segments the
+	 * engine keeps, ud_target_). */
+	void ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key);
 	void complete_send(const SendWr &wr, enum ibv_wc_status status, const struct ibv_wc &wc);
 	void flush_locked();
 	void snapshot_attr();
@@ -232,12 +285,52 @@ private:
 		uint32_t rkey_value = 0;
 		const PeerSegment *rkey_seg = nullptr;
 	} held_;
+	/* UD (lib/ud.cpp), under sq_lock_. The port a unicast AH named last:
+	 * devices and their LIDs and GIDs are fixed for the process's life,
+	 * so the answer for one (link layer, DLID or DGID) never changes. */
+	struct {
+		bool valid = false;
+		bool eth = false;
+		bool found = false;
+		uint16_t dlid = 0;
+		union ibv_gid dgid{};
+		uint32_t device = 0;
+		uint8_t port = 0;
+	} ud_route_;
+	/* The UD QP sent to last and the receive side its descriptor named:
+	 * the peer segment (held), descriptor, ring and CQ pointers with the
+	 * geometry validated when taken. Checked per WR with loads (segment
+	 * gone or owner dead, magic, number, type, dead flag; the
+	 * descriptor's RQ/SRQ/CQ words against the copies; an SRQ ring's
+	 * magic, number and geometry) and resolved afresh when stale. held_
+	 * (the in-flight count, the receive key) points into these segments:
+	 * released before they change. */
+	struct UdTarget {
+		std::shared_ptr<PeerSegment> seg;
+		shm::QpDesc *desc = nullptr;
+		uint32_t device = 0, qpn = 0;
+		/* The descriptor's words the receive side below was built from. */
+		uint32_t srqn = 0;
+		uint64_t rq_off = 0, cq_off = 0;
+		bool recv_ok = false;
+		std::shared_ptr<PeerSegment> srq_seg; /* an SRQ's owner (may differ) */
+		shm::RecvQueue *rq = nullptr;
+		uint32_t rq_entries = 0, rq_max_sge = 0, rq_stride = 0;
+		const PeerSegment *rq_seg = nullptr; /* where receive buffers' keys are */
+		uint32_t rq_pdn = 0;
+		shm::CqRing *cq = nullptr;
+		uint32_t cq_cap = 0;
+		uint64_t cq_cons = 0; /* cq_ring_produce's cons_seen */
+	} ud_target_;
+	/* A WQE's SGEs and a gathered payload (several local pieces). */
+	std::vector<shm::RecvSge> ud_rsges_;
+	std::vector<char> ud_gather_;
 	/* execute()'s local iovecs and held local keys (under sq_lock_). */
 	std::vector<struct iovec> local_iov_;
 	std::vector<KeyRef> local_refs_;
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
-	std::mutex rq_lock_;        /* posting to our RQ */
+	SpinLock rq_lock_;          /* posting to our RQ */
 	uint64_t rq_head_seen_ = 0; /* rq_->head as last read, under rq_lock_ */
 };
 
