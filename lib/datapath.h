@@ -313,6 +313,11 @@ private:
 		uint32_t srqn = 0;
 		uint64_t rq_off = 0, cq_off = 0;
 		bool recv_ok = false;
+		/* The receive side was checked since held_.inflight was taken
+		 * on this descriptor: while that count is held the QP cannot
+		 * be freed (nor, so, its RQ, CQ or SRQ), and those words never
+		 * change in a QP's life; the next post checks afresh. */
+		bool recv_checked = false;
 		std::shared_ptr<PeerSegment> srq_seg; /* an SRQ's owner (may differ) */
 		shm::RecvQueue *rq = nullptr;
 		uint32_t rq_entries = 0, rq_max_sge = 0, rq_stride = 0;
@@ -322,6 +327,9 @@ private:
 		uint32_t cq_cap = 0;
 		uint64_t cq_cons = 0; /* cq_ring_produce's cons_seen */
 	} ud_target_;
+	/* Our port (attr_.port_num) as last looked up: ports are fixed. */
+	const Port *ud_port_ = nullptr;
+	uint32_t ud_port_num_ = 0;
 	/* A WQE's SGEs and a gathered payload (several local pieces). */
 	std::vector<shm::RecvSge> ud_rsges_;
 	std::vector<char> ud_gather_;

@@ -239,6 +239,7 @@ QpEngine::UdTarget *QpEngine::ud_target(uint32_t device, uint32_t qpn)
 			release_holds();
 			t.desc->inflight.fetch_add(1, std::memory_order_seq_cst);
 			held_.inflight = t.desc;
+			t.recv_checked = false;
 		}
 		if (!t.desc->dead.load(std::memory_order_seq_cst))
 			return &t;
@@ -251,6 +252,8 @@ QpEngine::UdTarget *QpEngine::ud_target(uint32_t device, uint32_t qpn)
 
 bool QpEngine::ud_recv_side(UdTarget &t)
 {
+	if (t.recv_checked && held_.inflight == t.desc)
+		return true;
 	const shm::QpDesc &d = *t.desc;
 	if (t.recv_ok && d.srqn == t.srqn && d.rq_off == t.rq_off && d.recv_cq_off == t.cq_off) {
 		/* The QP's own RQ and CQ live as long as it does, and an SRQ
@@ -263,13 +266,16 @@ bool QpEngine::ud_recv_side(UdTarget &t)
 		if ((!t.srqn || !t.srq_seg->gone.load(std::memory_order_acquire)) &&
 		    r.magic == shm::rq_magic && r.srqn == t.srqn && r.entries == t.rq_entries &&
 		    r.max_sge == t.rq_max_sge && r.stride == t.rq_stride &&
-		    (!t.cq || t.cq->capacity == t.cq_cap))
+		    (!t.cq || t.cq->capacity == t.cq_cap)) {
+			t.recv_checked = true;
 			return true;
+		}
 	}
 	/* The receive key held points into the old side's segment. */
 	held_.rkey.release();
 	held_.rkey_seg = nullptr;
 	t.recv_ok = false;
+	t.recv_checked = false;
 	t.srq_seg.reset();
 	t.srqn = d.srqn;
 	t.rq_off = d.rq_off;
@@ -299,6 +305,7 @@ bool QpEngine::ud_recv_side(UdTarget &t)
 	t.cq = ring;
 	t.cq_cap = cap;
 	t.recv_ok = true;
+	t.recv_checked = true;
 	return true;
 }
 
@@ -417,8 +424,11 @@ void QpEngine::ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key)
 QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
 				       const struct iovec *local, int count, uint64_t length)
 {
-	const Device &dev = *devices()[device_];
-	const Port *own = dev.port(uint8_t(attr_.port_num));
+	if (!ud_port_ || ud_port_num_ != attr_.port_num) {
+		ud_port_ = devices()[device_]->port(uint8_t(attr_.port_num));
+		ud_port_num_ = attr_.port_num;
+	}
+	const Port *own = ud_port_;
 	if (!own) {
 		wc.status = IBV_WC_SUCCESS;
 		return Outcome::Done;
