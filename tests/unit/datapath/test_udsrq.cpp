@@ -14,6 +14,8 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -908,4 +910,71 @@ TEST_CASE("UD: QPs on an SRQ and one with its own RQ, alternating in one post", 
 	CHECK(ibv_destroy_qp(s1) == 0);
 	CHECK(ibv_destroy_qp(s2) == 0);
 	CHECK(ibv_destroy_srq(srq) == 0);
+}
+
+TEST_CASE("UD: several threads post receives to one QP at once; each WQE is taken once",
+	  "[ud]")
+{
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 1024, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	struct ibv_qp_init_attr ia{};
+	ia.send_cq = cq;
+	ia.recv_cq = cq;
+	ia.qp_type = IBV_QPT_UD;
+	ia.cap.max_send_wr = 64;
+	ia.cap.max_recv_wr = 256;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	struct ibv_qp *a = ibv_create_qp(d.pd, &ia), *b = ibv_create_qp(d.pd, &ia);
+	REQUIRE((a && b));
+	REQUIRE(to_rts(a, IBV_QPT_UD) == 0);
+	REQUIRE(to_rts(b, IBV_QPT_UD) == 0);
+	struct ibv_ah_attr at{};
+	at.dlid = d.port.lid;
+	at.port_num = 1;
+	struct ibv_ah *ah = ibv_create_ah(d.pd, &at);
+	REQUIRE(ah);
+	constexpr int threads = 4, per_thread = 64, total = threads * per_thread;
+	for (int round = 0; round < 4; round++) {
+		std::vector<std::thread> posters;
+		std::atomic<int> failed{0};
+		for (int t = 0; t < threads; t++)
+			posters.emplace_back([&, t] {
+				for (int i = 0; i < per_thread; i++)
+					if (post_rq(b, d.sge(4096, 64), uint64_t(t * per_thread + i)))
+						failed++;
+			});
+		for (auto &th : posters)
+			th.join();
+		REQUIRE(failed == 0);
+		std::vector<int> seen(total, 0);
+		int recvs = 0, sends = 0;
+		for (int i = 0; i < total; i++) {
+			REQUIRE(send(a, d.sge(0, 8), uint64_t(i), ah, b->qp_num) == 0);
+			struct ibv_wc wc[2];
+			for (int got = 0; got < 2;) {
+				int n = poll_one(cq, wc[got]);
+				REQUIRE(n == 1);
+				got++;
+			}
+			for (const auto &w : wc) {
+				REQUIRE(w.status == IBV_WC_SUCCESS);
+				if (w.opcode == IBV_WC_RECV) {
+					REQUIRE(w.wr_id < uint64_t(total));
+					seen[w.wr_id]++;
+					recvs++;
+				} else {
+					sends++;
+				}
+			}
+		}
+		CHECK(recvs == total);
+		CHECK(sends == total);
+		CHECK(std::count(seen.begin(), seen.end(), 1) == total);
+	}
+	ibv_destroy_ah(ah);
+	CHECK(ibv_destroy_qp(a) == 0);
+	CHECK(ibv_destroy_qp(b) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
 }
