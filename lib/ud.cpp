@@ -205,7 +205,7 @@ bool takes_messages(uint32_t st)
  * cache as well and resolved once more at once: its number may name a new
  * QP by now.
  */
-QpEngine::UdTarget *QpEngine::ud_target(uint32_t device, uint32_t qpn)
+[[gnu::always_inline]] inline QpEngine::UdTarget *QpEngine::ud_target(uint32_t device, uint32_t qpn)
 {
 	UdTarget &t = ud_target_;
 	for (int attempt = 0; attempt < 2; attempt++) {
@@ -250,7 +250,7 @@ QpEngine::UdTarget *QpEngine::ud_target(uint32_t device, uint32_t qpn)
 	return nullptr;
 }
 
-bool QpEngine::ud_recv_side(UdTarget &t)
+[[gnu::always_inline]] inline bool QpEngine::ud_recv_side(UdTarget &t)
 {
 	if (t.recv_checked && held_.inflight == t.desc)
 		return true;
@@ -315,7 +315,7 @@ bool QpEngine::ud_recv_side(UdTarget &t)
  * completion. No WQE: dropped (UD never waits). A receive's own error
  * (too small, bad key) completes it in error and the target enters ERR.
  */
-void QpEngine::ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key)
+[[gnu::always_inline]] inline void QpEngine::ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key)
 {
 	PeerRq q{t.rq, t.rq_entries, t.rq_max_sge, t.rq_stride};
 	shm::RecvWqe wqe{};
