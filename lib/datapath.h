@@ -327,6 +327,18 @@ private:
 		uint32_t cq_cap = 0;
 		uint64_t cq_cons = 0; /* cq_ring_produce's cons_seen */
 	} ud_target_;
+	/* The GRH built last (a global AH) and what it was built from. */
+	struct {
+		bool valid = false;
+		bool eth = false;
+		bool with_imm = false;
+		const Port *port = nullptr;
+		uint64_t length = 0;
+		uint8_t sgid_index = 0, hop_limit = 0, traffic_class = 0;
+		uint32_t flow_label = 0;
+		union ibv_gid dgid{};
+		char bytes[40];
+	} ud_grh_;
 	/* Our port (attr_.port_num) as last looked up: ports are fixed. */
 	const Port *ud_port_ = nullptr;
 	uint32_t ud_port_num_ = 0;

@@ -140,7 +140,7 @@ struct QpEngine::UdMessage {
 namespace {
 
 /* The 40 bytes an HCA scatters ahead of a UD payload whose AH is global. */
-void build_grh(char (&grh)[grh_bytes], const Port &own, const struct ibv_ah_attr &ah, bool eth,
+void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, bool eth,
 	       bool with_imm, uint64_t length)
 {
 	union ibv_gid sgid{};
@@ -498,20 +498,41 @@ QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
 	}
 
 	/* The GRH as the receiver will find it. */
-	char grh[grh_bytes];
 	const bool global = ah.is_global || eth;
-	if (global)
-		build_grh(grh, *own, ah, eth, wr.opcode == IBV_WR_SEND_WITH_IMM, length);
+	const bool with_imm = wr.opcode == IBV_WR_SEND_WITH_IMM;
+	if (global) {
+		/* The last one built is kept: a sender's messages mostly
+		 * repeat the route and the size. Everything it depends on is
+		 * compared (the port's GIDs never change). */
+		auto &g = ud_grh_;
+		if (!g.valid || g.port != own || g.eth != eth || g.with_imm != with_imm ||
+		    g.length != length || g.sgid_index != ah.grh.sgid_index ||
+		    g.hop_limit != ah.grh.hop_limit || g.traffic_class != ah.grh.traffic_class ||
+		    g.flow_label != ah.grh.flow_label ||
+		    std::memcmp(g.dgid.raw, ah.grh.dgid.raw, 16) != 0) {
+			build_grh(g.bytes, *own, ah, eth, with_imm, length);
+			g.port = own;
+			g.eth = eth;
+			g.with_imm = with_imm;
+			g.length = length;
+			g.sgid_index = ah.grh.sgid_index;
+			g.hop_limit = ah.grh.hop_limit;
+			g.traffic_class = ah.grh.traffic_class;
+			g.flow_label = ah.grh.flow_label;
+			g.dgid = ah.grh.dgid;
+			g.valid = true;
+		}
+	}
 
 	UdMessage m{};
 	m.data = data;
 	m.length = length;
-	m.grh = global ? grh : nullptr;
+	m.grh = global ? ud_grh_.bytes : nullptr;
 	m.src_qp = qpn_;
 	m.slid = own->attr.lid;
 	m.sl = ah.sl;
 	m.solicited = wr.send_flags & IBV_SEND_SOLICITED;
-	m.with_imm = wr.opcode == IBV_WR_SEND_WITH_IMM;
+	m.with_imm = with_imm;
 	m.imm_data = wr.imm_data;
 
 	const uint32_t qkey = (wr.remote_qkey & 0x80000000u) ? attr_.qkey : wr.remote_qkey;

@@ -11,6 +11,7 @@
 
 #include "../common/peer.h"
 
+#include <endian.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -977,4 +978,45 @@ TEST_CASE("UD: several threads post receives to one QP at once; each WQE is take
 	CHECK(ibv_destroy_qp(a) == 0);
 	CHECK(ibv_destroy_qp(b) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
+TEST_CASE("UD: each message's GRH follows its own AH and size, within one post", "[ud]")
+{
+	UdPair p;
+	for (int i = 0; i < 4; i++)
+		REQUIRE(post_rq(p.b, p.d.sge(4096 + i * 256, 256), 1 + i) == 0);
+	struct ibv_ah_attr at{};
+	at.dlid = p.d.port.lid;
+	at.port_num = 1;
+	at.is_global = 1;
+	at.grh.hop_limit = 9;
+	at.grh.flow_label = 0x123;
+	REQUIRE(ibv_query_gid(p.d.ctx, 1, 0, &at.grh.dgid) == 0);
+	struct ibv_ah *first = ibv_create_ah(p.d.pd, &at);
+	at.grh.hop_limit = 17; /* the only difference */
+	struct ibv_ah *second = ibv_create_ah(p.d.pd, &at);
+	REQUIRE((first && second));
+	const uint32_t b = p.b->qp_num;
+	/* Each message differs from the one before in one thing only. */
+	REQUIRE(send_list(p.a, {p.d.sge(0, 8), p.d.sge(0, 8), p.d.sge(0, 8), p.d.sge(0, 16)},
+			  {first, second, first, first}, {b, b, b, b}) == 0);
+	int sends = 0;
+	auto recv = drain_recvs(p.cq, sends);
+	REQUIRE(recv.size() == 4);
+	struct Want {
+		uint8_t hop_limit;
+		uint16_t paylen; /* BTH 12 + DETH 8 + payload + ICRC 4 */
+	} want[4] = {{9, 32}, {17, 32}, {9, 32}, {9, 40}};
+	for (int i = 0; i < 4; i++) {
+		CAPTURE(i);
+		REQUIRE(recv[i].wr_id == uint64_t(1 + i));
+		CHECK((recv[i].wc_flags & IBV_WC_GRH));
+		struct ibv_grh g;
+		std::memcpy(&g, p.d.buf.data() + 4096 + i * 256, sizeof(g));
+		CHECK(g.hop_limit == want[i].hop_limit);
+		CHECK((be32toh(g.version_tclass_flow) & 0xfffff) == 0x123);
+		CHECK(be16toh(g.paylen) == want[i].paylen);
+	}
+	ibv_destroy_ah(first);
+	ibv_destroy_ah(second);
 }
