@@ -248,6 +248,29 @@ int peer_mcast()
 	return 0;
 }
 
+/* UD target: a UD QP with 4 receives posted; prints its qpn, then on any
+ * line the number of messages it received. */
+int peer_udtarget()
+{
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_qp *qp = make_qp(d, cq, IBV_QPT_UD);
+	NEED(qp);
+	NEED(to_rts(qp, IBV_QPT_UD) == 0);
+	for (int i = 0; i < 4; i++)
+		NEED(post_rq(qp, d.sge(i * 256, 256), 70 + i) == 0);
+	std::printf("%u\n", qp->qp_num);
+	std::string line;
+	while (read_line(line)) {
+		struct ibv_wc wc;
+		int n = 0;
+		while (ibv_poll_cq(cq, 1, &wc) == 1)
+			n += wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV;
+		std::printf("got %d\n", n);
+	}
+	return 0;
+}
+
 struct Peer : shmv_test::PeerProc {
 	explicit Peer(const char *mode) : PeerProc({"self", "--peer", mode}) {}
 };
@@ -263,6 +286,8 @@ int main(int argc, char **argv)
 			return peer_xrc();
 		if (!std::strcmp(argv[2], "mcast"))
 			return peer_mcast();
+		if (!std::strcmp(argv[2], "udtarget"))
+			return peer_udtarget();
 		return 2;
 	}
 	return Catch::Session().run(argc, argv);
@@ -1019,4 +1044,32 @@ TEST_CASE("UD: each message's GRH follows its own AH and size, within one post",
 	}
 	ibv_destroy_ah(first);
 	ibv_destroy_ah(second);
+}
+
+TEST_CASE("UD: sends to a target whose process died complete at once and reach nobody",
+	  "[ud]")
+{
+	auto peer = std::make_unique<Peer>("udtarget");
+	unsigned qpn = 0;
+	REQUIRE(std::sscanf(peer->line().c_str(), "%u", &qpn) == 1);
+	UdPair p;
+	struct ibv_ah *ah = p.ah(false);
+	REQUIRE(ah);
+	REQUIRE(send(p.a, p.d.sge(0, 8), 10, ah, qpn) == 0);
+	int sends = 0;
+	CHECK(drain_recvs(p.cq, sends).empty());
+	CHECK(sends == 1);
+	CHECK(peer->ask("check") == "got 1\n");
+	peer.reset(); /* SIGKILL, reaped: its segment's owner is gone */
+	REQUIRE(post_rq(p.b, p.d.sge(4096, 256), 5) == 0);
+	const uint32_t b = p.b->qp_num;
+	auto t0 = Clock::now();
+	REQUIRE(send_list(p.a, {p.d.sge(0, 8), p.d.sge(0, 8), p.d.sge(0, 8)}, {ah, ah, ah},
+			  {qpn, b, qpn}) == 0);
+	auto recv = drain_recvs(p.cq, sends);
+	CHECK(sends == 3);
+	REQUIRE(recv.size() == 1);
+	CHECK(recv[0].qp_num == b);
+	CHECK(Clock::now() - t0 < std::chrono::seconds(5));
+	ibv_destroy_ah(ah);
 }
