@@ -342,6 +342,13 @@ private:
 	/* Our port (attr_.port_num) as last looked up: ports are fixed. */
 	const Port *ud_port_ = nullptr;
 	uint32_t ud_port_num_ = 0;
+	/* The UD QP number found dead last, not resolved again before
+	 * `until` (ud_target()). */
+	struct {
+		bool valid = false;
+		uint32_t device = 0, qpn = 0;
+		std::chrono::steady_clock::time_point until{};
+	} ud_dead_;
 	/* A WQE's SGEs and a gathered payload (several local pieces). */
 	std::vector<shm::RecvSge> ud_rsges_;
 	std::vector<char> ud_gather_;

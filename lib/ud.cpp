@@ -208,6 +208,22 @@ bool takes_messages(uint32_t st)
 [[gnu::always_inline]] inline QpEngine::UdTarget *QpEngine::ud_target(uint32_t device, uint32_t qpn)
 {
 	UdTarget &t = ud_target_;
+	/* A number found dead a moment ago is not asked for again at once:
+	 * a sender that keeps sending to a destroyed QP would pay a broker
+	 * round trip per message. Numbers are handed out round-robin, so
+	 * one that died is not reused within this period. */
+	if (ud_dead_.valid && ud_dead_.qpn == qpn && ud_dead_.device == device) {
+		if (std::chrono::steady_clock::now() < ud_dead_.until)
+			return nullptr;
+		ud_dead_.valid = false;
+	}
+	bool saw_dead = false;
+	auto lost = [&]() -> UdTarget * {
+		if (saw_dead)
+			ud_dead_ = {true, device, qpn,
+				    std::chrono::steady_clock::now() + std::chrono::milliseconds(10)};
+		return nullptr;
+	};
 	for (int attempt = 0; attempt < 2; attempt++) {
 		if (!t.desc || t.qpn != qpn || t.device != device ||
 		    t.seg->gone.load(std::memory_order_acquire) || t.desc->magic != shm::qp_magic ||
@@ -216,15 +232,15 @@ bool takes_messages(uint32_t st)
 			t = {};
 			PeerObject obj;
 			if (resolve_object(device, broker::ObjectKind::Qp, qpn, obj, attempt == 1))
-				return nullptr;
+				return lost();
 			auto *d = obj.seg->at<shm::QpDesc>(obj.off);
 			if (!d || d->magic != shm::qp_magic || d->qpn != qpn) {
 				if (attempt == 0)
 					continue; /* the broker cache may be stale: ask again */
-				return nullptr;
+				return lost();
 			}
 			if (d->type != IBV_QPT_UD)
-				return nullptr; /* a live QP of another type: lost */
+				return lost(); /* a live QP of another type: lost */
 			t.seg = std::move(obj.seg);
 			t.desc = d;
 			t.device = device;
@@ -246,8 +262,9 @@ bool takes_messages(uint32_t st)
 		release_holds(); /* its destroy waits for the count */
 		t = {};
 		forget_object(device, broker::ObjectKind::Qp, qpn);
+		saw_dead = true;
 	}
-	return nullptr;
+	return lost();
 }
 
 [[gnu::always_inline]] inline bool QpEngine::ud_recv_side(UdTarget &t)

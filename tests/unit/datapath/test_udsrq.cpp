@@ -1073,3 +1073,43 @@ TEST_CASE("UD: sends to a target whose process died complete at once and reach n
 	CHECK(Clock::now() - t0 < std::chrono::seconds(5));
 	ibv_destroy_ah(ah);
 }
+
+TEST_CASE("UD: sending on to a destroyed QP stays cheap (no broker round trip per message)",
+	  "[ud]")
+{
+	UdPair p;
+	struct ibv_qp *c = make_qp(p.d, p.cq, IBV_QPT_UD);
+	REQUIRE(c);
+	REQUIRE(to_rts(c, IBV_QPT_UD) == 0);
+	REQUIRE(post_rq(c, p.d.sge(4096, 256), 50) == 0);
+	struct ibv_ah *ah = p.ah(false);
+	REQUIRE(ah);
+	const uint32_t old = c->qp_num;
+	REQUIRE(send(p.a, p.d.sge(0, 8), 10, ah, old) == 0);
+	int sends = 0;
+	REQUIRE(drain_recvs(p.cq, sends).size() == 1);
+	REQUIRE(ibv_destroy_qp(c) == 0);
+	/* 20000 unsignaled sends, one signaled at the end: at 40-100 us a
+	 * broker round trip each they would take about a second; dropped
+	 * at once they take a few ms. */
+	struct ibv_sge s = p.d.sge(0, 8);
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.opcode = IBV_WR_SEND;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = old;
+	wr.wr.ud.remote_qkey = 0x11111111;
+	auto t0 = Clock::now();
+	for (int i = 0; i < 20000; i++) {
+		wr.wr_id = uint64_t(i);
+		wr.send_flags = i == 19999 ? IBV_SEND_SIGNALED : 0;
+		REQUIRE(ibv_post_send(p.a, &wr, &bad) == 0);
+	}
+	auto elapsed = Clock::now() - t0;
+	auto recv = drain_recvs(p.cq, sends);
+	CHECK(recv.empty());
+	CHECK(sends == 1);
+	CHECK(elapsed < std::chrono::milliseconds(200));
+	ibv_destroy_ah(ah);
+}
