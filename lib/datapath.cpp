@@ -162,9 +162,13 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 		std::memcpy(&wqe, slot, offsetof(shm::RecvWqe, seq));
 		wqe.seq = seq;
 		uint32_t n = std::min(wqe.num_sge, q.max_sge);
-		sges.resize(n);
-		if (n) /* a WQE may have no SGE: then sges.data() may be null */
-			std::memcpy(sges.data(), slot + sizeof(wqe), n * sizeof(shm::RecvSge));
+		if (sges.size() != n) /* the callers' vectors keep their size */
+			sges.resize(n);
+		/* SGE by SGE: fixed-size copies the compiler inlines (a WQE
+		 * may have none: then sges.data() may be null). */
+		for (uint32_t i = 0; i < n; i++)
+			std::memcpy(&sges[i], slot + sizeof(wqe) + i * sizeof(shm::RecvSge),
+				    sizeof(shm::RecvSge));
 		wqe.num_sge = n;
 		/* The slot is rewritten only after head passed it: the copy
 		 * is intact if this succeeds. */

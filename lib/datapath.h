@@ -44,6 +44,7 @@
 #include <functional>
 #include <mutex>
 #include <span>
+#include <sched.h>
 #include <sys/uio.h>
 #include <vector>
 
@@ -133,6 +134,44 @@ private:
 	std::vector<KeyRef> extra_;
 	uint64_t stamp_ = 1;
 	uint32_t pid_ = 0; /* whose holds these are (forked child: not ours) */
+};
+
+/*
+ * The lock of a QP's receive queue (post_recv may be called by several
+ * threads): taking it is one locked instruction (an exchange) and dropping
+ * it a plain release store, where std::mutex pays a locked read-modify-write
+ * on both sides; a receiver reposting one WQE per message pays it per
+ * message. The critical section is short and never blocks; a waiter spins
+ * a little and then yields the CPU, since the holder may be preempted.
+ */
+class SpinLock {
+public:
+	void lock()
+	{
+		while (flag_.exchange(true, std::memory_order_acquire))
+			wait();
+	}
+	bool try_lock()
+	{
+		return !flag_.load(std::memory_order_relaxed) &&
+		       !flag_.exchange(true, std::memory_order_acquire);
+	}
+	void unlock() { flag_.store(false, std::memory_order_release); }
+
+private:
+	void wait()
+	{
+		for (unsigned spins = 0; flag_.load(std::memory_order_relaxed); spins++) {
+			if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+				__builtin_ia32_pause();
+#endif
+			} else {
+				sched_yield();
+			}
+		}
+	}
+	std::atomic<bool> flag_{false};
 };
 
 struct SendWr {
@@ -263,6 +302,20 @@ private:
 	Direct try_direct(const struct ibv_send_wr &wr);
 	Direct try_direct(const SendWr &w);
 	Direct run_direct(const DirectWr &wr);
+	struct UdTarget;
+	struct UdMessage;
+	/* The unicast UD target `qpn` of `device` (ud_target_), revalidated
+	 * with loads, its in-flight count held (held_.inflight); nullptr when
+	 * the message is to be dropped (no such QP, dead, not UD). */
+	UdTarget *ud_target(uint32_t device, uint32_t qpn);
+	/* The receive side (RQ or SRQ ring, receive CQ ring) of ud_target_
+	 * as its descriptor names it now; false: drop. */
+	bool ud_recv_side(UdTarget &t);
+	/* Delivers one message into target `t` (in-flight count held by the
+	 * caller); `hold_key`: keep the receive buffer's key in held_ for
+	 * the next WRs of the post (only for a target whose segments the
+	 * engine keeps, ud_target_). */
+	void ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key);
 	void flush_locked();
 	void snapshot_attr();
 	/* Lets go of held_ (sq_lock_ held): before sq_lock_ is released. */
@@ -320,6 +373,70 @@ private:
 		uint32_t rkey_value = 0;
 		const PeerSegment *rkey_seg = nullptr;
 	} held_;
+	/* UD (lib/ud.cpp), under sq_lock_. The port a unicast AH named last:
+	 * devices and their LIDs and GIDs are fixed for the process's life,
+	 * so the answer for one (link layer, DLID or DGID) never changes. */
+	struct {
+		bool valid = false;
+		bool eth = false;
+		bool found = false;
+		uint16_t dlid = 0;
+		union ibv_gid dgid{};
+		uint32_t device = 0;
+		uint8_t port = 0;
+	} ud_route_;
+	/* The UD QP sent to last and the receive side its descriptor named:
+	 * the peer segment (held), descriptor, ring and CQ pointers with the
+	 * geometry validated when taken. Checked per WR with loads (segment
+	 * gone or owner dead, magic, number, type, dead flag; the
+	 * descriptor's RQ/SRQ/CQ words against the copies; an SRQ ring's
+	 * magic, number and geometry) and resolved afresh when stale. held_
+	 * (the in-flight count, the receive key) points into these segments:
+	 * released before they change. */
+	struct UdTarget {
+		std::shared_ptr<PeerSegment> seg;
+		shm::QpDesc *desc = nullptr;
+		uint32_t device = 0, qpn = 0;
+		/* The descriptor's words the receive side below was built from. */
+		uint32_t srqn = 0;
+		uint64_t rq_off = 0, cq_off = 0;
+		bool recv_ok = false;
+		/* The receive side was checked since held_.inflight was taken
+		 * on this descriptor: while that count is held the QP cannot
+		 * be freed (nor, so, its RQ, CQ or SRQ), and those words never
+		 * change in a QP's life; the next post checks afresh. */
+		bool recv_checked = false;
+		std::shared_ptr<PeerSegment> srq_seg; /* an SRQ's owner (may differ) */
+		shm::RecvQueue *rq = nullptr;
+		uint32_t rq_entries = 0, rq_max_sge = 0, rq_stride = 0;
+		const PeerSegment *rq_seg = nullptr; /* where receive buffers' keys are */
+		uint32_t rq_pdn = 0;
+		shm::CqRing *cq = nullptr;
+		uint32_t cq_cap = 0;
+		uint64_t cq_cons = 0; /* cq_ring_produce's cons_seen */
+	} ud_target_;
+	/* The GRH built last (a global AH) and what it was built from. */
+	struct {
+		bool valid = false;
+		bool eth = false;
+		bool with_imm = false;
+		const Port *port = nullptr;
+		uint64_t length = 0;
+		uint8_t sgid_index = 0, hop_limit = 0, traffic_class = 0;
+		uint32_t flow_label = 0;
+		union ibv_gid dgid{};
+		char bytes[40];
+	} ud_grh_;
+	/* Our port (attr_.port_num) as last looked up: ports are fixed. */
+	const Port *ud_port_ = nullptr;
+	uint32_t ud_port_num_ = 0;
+	/* The UD QP number found dead last, not resolved again before
+	 * `until` (ud_target()). */
+	struct {
+		bool valid = false;
+		uint32_t device = 0, qpn = 0;
+		std::chrono::steady_clock::time_point until{};
+	} ud_dead_;
 	/* execute()'s local iovecs and held local keys, the receive WQE's
 	 * SGEs and a gathered payload (under sq_lock_; kept with their
 	 * capacity: no allocation, no TLS lookup per WR). */
@@ -329,7 +446,7 @@ private:
 	LocalKeyCache local_refs_;
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
-	std::mutex rq_lock_;        /* posting to our RQ */
+	SpinLock rq_lock_;          /* posting to our RQ */
 	uint64_t rq_head_seen_ = 0; /* rq_->head as last read, under rq_lock_ */
 };
 

@@ -124,15 +124,328 @@ void mcast_leave(uint32_t device, const union ibv_gid &gid, uint16_t lid, uint32
 	::rmdir(dir.c_str()); /* fails while others are attached */
 }
 
+/* What one UD message carries to each of its targets. */
+struct QpEngine::UdMessage {
+	const char *data;   /* the payload, contiguous */
+	uint64_t length;
+	const char *grh;    /* the GRH's 40 bytes, or nullptr (not global) */
+	uint32_t src_qp;
+	uint16_t slid;
+	uint8_t sl;
+	bool solicited;
+	bool with_imm;
+	uint32_t imm_data;
+};
+
+namespace {
+
+/* The 40 bytes an HCA scatters ahead of a UD payload whose AH is global. */
+void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, bool eth,
+	       bool with_imm, uint64_t length)
+{
+	union ibv_gid sgid{};
+	enum ibv_gid_type sgid_type = eth ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_IB;
+	if (ah.grh.sgid_index < own.gids.size()) {
+		sgid = own.gids[ah.grh.sgid_index].gid;
+		sgid_type = own.gids[ah.grh.sgid_index].gid_type;
+	}
+	const bool v2 = sgid_type == IBV_GID_TYPE_ROCE_V2;
+	const uint32_t imm = with_imm ? 4 : 0;
+	/* BTH + DETH (+ ImmDt) + payload padded to 4 + ICRC. */
+	const uint32_t ib_len = uint32_t(12 + 8 + imm + ((length + 3) & ~3ull) + 4);
+	if (v2 && is_v4_mapped(sgid) && is_v4_mapped(ah.grh.dgid)) {
+		struct iphdr ip{};
+		ip.version = 4;
+		ip.ihl = 5;
+		ip.tos = ah.grh.traffic_class;
+		ip.tot_len = htobe16(uint16_t(20 + 8 + ib_len));
+		ip.frag_off = htobe16(0x4000); /* DF */
+		ip.ttl = ah.grh.hop_limit;
+		ip.protocol = IPPROTO_UDP;
+		std::memcpy(&ip.saddr, sgid.raw + 12, 4);
+		std::memcpy(&ip.daddr, ah.grh.dgid.raw + 12, 4);
+		/* The ones'-complement header checksum. */
+		uint16_t words[10];
+		std::memcpy(words, &ip, sizeof(words));
+		uint32_t sum = 0;
+		for (uint16_t w : words)
+			sum += w;
+		while (sum >> 16)
+			sum = (sum & 0xffff) + (sum >> 16);
+		ip.check = uint16_t(~sum);
+		std::memset(grh, 0, 20);
+		std::memcpy(grh + 20, &ip, sizeof(ip));
+	} else {
+		struct ibv_grh g{};
+		g.version_tclass_flow = htobe32((6u << 28) | (uint32_t(ah.grh.traffic_class) << 20) |
+						(ah.grh.flow_label & 0xfffff));
+		g.paylen = htobe16(uint16_t(ib_len + (v2 ? 8 : 0)));
+		g.next_hdr = v2 ? IPPROTO_UDP : 0x1b;
+		g.hop_limit = ah.grh.hop_limit;
+		g.sgid = sgid;
+		g.dgid = ah.grh.dgid;
+		std::memcpy(grh, &g, sizeof(g));
+	}
+}
+
+/* A QP in RTR or later takes messages (ERR and RESET drop them). */
+bool takes_messages(uint32_t st)
+{
+	return st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD || st == IBV_QPS_SQE;
+}
+
+} // namespace
+
+/*
+ * The cached unicast target (sq_lock_ held). What is cached is only ever a
+ * shortcut for resolve_object(): every use checks with loads that the
+ * segment is still mapped and its owner alive, that the descriptor still
+ * is UD QP `qpn`, and (with our in-flight count taken, which holds off its
+ * destroy) that it is not dead. A dead one is forgotten in the broker
+ * cache as well and resolved once more at once: its number may name a new
+ * QP by now.
+ */
+[[gnu::always_inline]] inline QpEngine::UdTarget *QpEngine::ud_target(uint32_t device, uint32_t qpn)
+{
+	UdTarget &t = ud_target_;
+	/* A number found dead a moment ago is not asked for again at once:
+	 * a sender that keeps sending to a destroyed QP would pay a broker
+	 * round trip per message. Numbers are handed out round-robin, so
+	 * one that died is not reused within this period. */
+	if (ud_dead_.valid && ud_dead_.qpn == qpn && ud_dead_.device == device) {
+		if (std::chrono::steady_clock::now() < ud_dead_.until)
+			return nullptr;
+		ud_dead_.valid = false;
+	}
+	bool saw_dead = false;
+	auto lost = [&]() -> UdTarget * {
+		if (saw_dead)
+			ud_dead_ = {true, device, qpn,
+				    std::chrono::steady_clock::now() + std::chrono::milliseconds(10)};
+		return nullptr;
+	};
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if (!t.desc || t.qpn != qpn || t.device != device ||
+		    t.seg->gone.load(std::memory_order_acquire) || t.desc->magic != shm::qp_magic ||
+		    t.desc->qpn != qpn || t.desc->type != IBV_QPT_UD) {
+			release_holds(); /* they point into the old target's segments */
+			t = {};
+			PeerObject obj;
+			if (resolve_object(device, broker::ObjectKind::Qp, qpn, obj, attempt == 1))
+				return lost();
+			auto *d = obj.seg->at<shm::QpDesc>(obj.off);
+			if (!d || d->magic != shm::qp_magic || d->qpn != qpn) {
+				if (attempt == 0)
+					continue; /* the broker cache may be stale: ask again */
+				return lost();
+			}
+			if (d->type != IBV_QPT_UD)
+				return lost(); /* a live QP of another type: lost */
+			t.seg = std::move(obj.seg);
+			t.desc = d;
+			t.device = device;
+			t.qpn = qpn;
+		}
+		if (!t.seg->alive())
+			return nullptr;
+		/* The target's in-flight count, taken once for the WRs of one
+		 * post (held_), then `dead` checked for each (seq_cst: the
+		 * Dekker pair with quiesce()). */
+		if (held_.inflight != t.desc) {
+			release_holds();
+			t.desc->inflight.fetch_add(1, std::memory_order_seq_cst);
+			held_.inflight = t.desc;
+			t.recv_checked = false;
+		}
+		if (!t.desc->dead.load(std::memory_order_seq_cst))
+			return &t;
+		release_holds(); /* its destroy waits for the count */
+		t = {};
+		forget_object(device, broker::ObjectKind::Qp, qpn);
+		saw_dead = true;
+	}
+	return lost();
+}
+
+[[gnu::always_inline]] inline bool QpEngine::ud_recv_side(UdTarget &t)
+{
+	if (t.recv_checked && held_.inflight == t.desc)
+		return true;
+	const shm::QpDesc &d = *t.desc;
+	if (t.recv_ok && d.srqn == t.srqn && d.rq_off == t.rq_off && d.recv_cq_off == t.cq_off) {
+		/* The QP's own RQ and CQ live as long as it does, and an SRQ
+		 * outlives every QP using it; but an area may be reused by a
+		 * queue of another geometry, or an SRQ number by another SRQ,
+		 * since this copy was taken (a destroyed SRQ's magic is
+		 * cleared). The ring's geometry line is never written: these
+		 * loads stay in the cache. */
+		const shm::RecvQueue &r = *t.rq;
+		if ((!t.srqn || !t.srq_seg->gone.load(std::memory_order_acquire)) &&
+		    r.magic == shm::rq_magic && r.srqn == t.srqn && r.entries == t.rq_entries &&
+		    r.max_sge == t.rq_max_sge && r.stride == t.rq_stride &&
+		    (!t.cq || t.cq->capacity == t.cq_cap)) {
+			t.recv_checked = true;
+			return true;
+		}
+	}
+	/* The receive key held points into the old side's segment. */
+	held_.rkey.release();
+	held_.rkey_seg = nullptr;
+	t.recv_ok = false;
+	t.recv_checked = false;
+	t.srq_seg.reset();
+	t.srqn = d.srqn;
+	t.rq_off = d.rq_off;
+	t.cq_off = d.recv_cq_off;
+	PeerRq q;
+	if (t.srqn) {
+		PeerObject srq_obj;
+		if (!peer_srq(t.device, t.srqn, srq_obj, q))
+			return false;
+		t.srq_seg = std::move(srq_obj.seg);
+		t.rq_seg = t.srq_seg.get();
+		t.rq_pdn = q.rq->pdn;
+	} else {
+		if (!peer_rq(*t.seg, t.rq_off, q))
+			return false;
+		t.rq_seg = t.seg.get();
+		t.rq_pdn = d.pdn;
+	}
+	t.rq = q.rq;
+	t.rq_entries = q.entries;
+	t.rq_max_sge = q.max_sge;
+	t.rq_stride = q.stride;
+	uint32_t cap = 0;
+	shm::CqRing *ring = peer_cq(*t.seg, t.cq_off, cap);
+	if (ring != t.cq)
+		t.cq_cons = 0;
+	t.cq = ring;
+	t.cq_cap = cap;
+	t.recv_ok = true;
+	t.recv_checked = true;
+	return true;
+}
+
+/*
+ * One message into one target whose in-flight count the caller holds: a
+ * receive WQE, the GRH and payload scattered over its SGEs, the receive
+ * completion. No WQE: dropped (UD never waits). A receive's own error
+ * (too small, bad key) completes it in error and the target enters ERR.
+ */
+[[gnu::always_inline]] inline void QpEngine::ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key)
+{
+	PeerRq q{t.rq, t.rq_entries, t.rq_max_sge, t.rq_stride};
+	shm::RecvWqe wqe{};
+	std::vector<shm::RecvSge> &rsges = recv_sges_;
+	if (!consume_wqe(q, wqe, rsges))
+		return; /* no receive posted: dropped */
+
+	Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, t.qpn);
+	rc.wc.src_qp = m.src_qp;
+	rc.wc.slid = m.slid;
+	rc.wc.sl = m.sl;
+	/* pkey_index 0, dlid_path_bits 0 (LMC 0): make_completion's zeros. */
+	rc.wc.byte_len = uint32_t(m.length + grh_bytes);
+	rc.solicited = m.solicited;
+	if (m.grh)
+		rc.wc.wc_flags |= IBV_WC_GRH;
+	if (m.with_imm) {
+		rc.wc.imm_data = m.imm_data;
+		rc.wc.wc_flags |= IBV_WC_WITH_IMM;
+	}
+	uint64_t room = 0;
+	for (const shm::RecvSge &s : rsges)
+		room += s.length;
+	const PeerSegment &rq_seg = *t.rq_seg;
+	if (m.length + grh_bytes > room) {
+		rc.wc.status = IBV_WC_LOC_LEN_ERR;
+	} else {
+		/* Scatter GRH (if any) + payload over the receive SGEs. */
+		const uint64_t total = m.length + grh_bytes;
+		uint64_t pos = 0;
+		KeyRef own_ref;
+		for (const shm::RecvSge &s : rsges) {
+			if (pos >= total)
+				break;
+			uint64_t n = std::min<uint64_t>(s.length, total - pos);
+			/* The buffer's key, held in the target's table while we
+			 * write (its dereg_mr waits); kept for the next WRs of
+			 * this post when allowed. A held key cannot be withdrawn,
+			 * so its entry still is the key's: PD, range and access
+			 * are checked per use. */
+			const KeyRef *ref;
+			if (hold_key) {
+				if (!held_.rkey || held_.rkey_value != s.lkey || held_.rkey_seg != &rq_seg) {
+					held_.rkey = acquire_key(rq_seg, s.lkey);
+					held_.rkey_value = s.lkey;
+					held_.rkey_seg = &rq_seg;
+				}
+				ref = &held_.rkey;
+			} else {
+				own_ref = acquire_key(rq_seg, s.lkey);
+				ref = &own_ref;
+			}
+			if (!*ref || (*ref)->pdn != t.rq_pdn ||
+			    !ref->permits(s.addr, n, IBV_ACCESS_LOCAL_WRITE)) {
+				rc.wc.status = IBV_WC_LOC_PROT_ERR;
+				break;
+			}
+			struct iovec v[2];
+			int nv = 0;
+			uint64_t skip = 0; /* bytes of this SGE left as they are */
+			uint64_t grh_part = pos < grh_bytes ? std::min(n, grh_bytes - pos) : 0;
+			if (grh_part) {
+				if (m.grh)
+					v[nv++] = {const_cast<char *>(m.grh) + pos, size_t(grh_part)};
+				else
+					skip = grh_part;
+			}
+			uint64_t from = pos < grh_bytes ? 0 : pos - grh_bytes;
+			if (n > grh_part)
+				v[nv++] = {const_cast<char *>(m.data) + from, size_t(n - grh_part)};
+			if (nv) {
+				/* Our own segment's buffer is our memory; a peer's
+				 * Shared MR is reached through the engine's
+				 * windows; anything else through its path. */
+				const uint64_t at = ref->address_of(s.addr + skip);
+				char *to = rq_seg.local ? reinterpret_cast<char *>(at)
+							: cached_window(rq_seg, **ref, at, n - skip);
+				if (to) {
+					for (int i = 0; i < nv; i++) {
+						std::memcpy(to, v[i].iov_base, v[i].iov_len);
+						to += v[i].iov_len;
+					}
+				} else if (remote_memory_for(rq_seg, **ref).write(rq_seg, **ref, at, v, nv)) {
+					rc.wc.status = IBV_WC_LOC_PROT_ERR;
+					break;
+				}
+			}
+			pos += n;
+		}
+	}
+	if (t.cq)
+		cq_ring_produce(*t.cq, t.cq_cap, rc,
+				t.desc->recv_cq_has_channel
+					? fetch_channel_fd(t.device, broker::ObjectKind::Qp, t.qpn)
+					: -1,
+				nullptr, &t.cq_cons);
+	if (rc.wc.status != IBV_WC_SUCCESS)
+		t.desc->remote_error.store(shm::remote_error_fatal, std::memory_order_release);
+}
+
 /*
  * One UD WR (sq_lock_ held): local gathered into `local` (`length` bytes).
- * Always Done: UD never waits and never fails remotely.
+ * Done, or Fatal for a message over the MTU: UD never waits and never
+ * fails remotely.
  */
 QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
 				       const struct iovec *local, int count, uint64_t length)
 {
-	const Device &dev = *devices()[device_];
-	const Port *own = dev.port(uint8_t(attr_.port_num));
+	if (!ud_port_ || ud_port_num_ != attr_.port_num) {
+		ud_port_ = devices()[device_]->port(uint8_t(attr_.port_num));
+		ud_port_num_ = attr_.port_num;
+	}
+	const Port *own = ud_port_;
 	if (!own) {
 		wc.status = IBV_WC_SUCCESS;
 		return Outcome::Done;
@@ -146,102 +459,119 @@ QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
 	const struct ibv_ah_attr &ah = wr.ah_attr;
 	const bool eth = own->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
 
-	/* Where to: a multicast group, or the port owning the DLID/DGID. */
-	bool multicast = eth ? ah.grh.dgid.raw[0] == 0xff
-			     : (ah.dlid >= 0xc000 && ah.dlid != 0xffff);
+	/* Where to: a multicast group, or the port owning the DLID/DGID (the
+	 * last answer is kept: the fabric never changes). */
+	const bool multicast = eth ? ah.grh.dgid.raw[0] == 0xff
+				   : (ah.dlid >= 0xc000 && ah.dlid != 0xffff);
 	uint32_t to_device = device_;
 	uint8_t to_port = 0;
 	if (!multicast) {
-		bool found = false;
-		for (const Device *d : devices()) {
-			for (const Port &p : d->ports) {
-				bool match = false;
-				if (!eth) {
-					match = p.attr.lid == ah.dlid;
-				} else {
-					for (const GidEntry &g : p.gids)
-						if (g.valid && !std::memcmp(g.gid.raw, ah.grh.dgid.raw, 16))
-							match = true;
+		auto &r = ud_route_;
+		if (!r.valid || r.eth != eth ||
+		    (eth ? std::memcmp(r.dgid.raw, ah.grh.dgid.raw, 16) != 0 : r.dlid != ah.dlid)) {
+			r.valid = false;
+			r.found = false;
+			for (const Device *d : devices()) {
+				for (const Port &p : d->ports) {
+					bool match = false;
+					if (!eth) {
+						match = p.attr.lid == ah.dlid;
+					} else {
+						for (const GidEntry &g : p.gids)
+							if (g.valid && !std::memcmp(g.gid.raw, ah.grh.dgid.raw, 16))
+								match = true;
+					}
+					if (match && (p.attr.link_layer == IBV_LINK_LAYER_ETHERNET) == eth) {
+						r.device = d->index;
+						r.port = p.port_num;
+						r.found = true;
+						break;
+					}
 				}
-				if (match && (p.attr.link_layer == IBV_LINK_LAYER_ETHERNET) == eth) {
-					to_device = d->index;
-					to_port = p.port_num;
-					found = true;
+				if (r.found)
 					break;
-				}
 			}
-			if (found)
-				break;
+			r.eth = eth;
+			r.dlid = ah.dlid;
+			r.dgid = ah.grh.dgid;
+			r.valid = true;
 		}
-		if (!found)
+		if (!r.found)
 			return Outcome::Done; /* no such port: lost */
+		to_device = r.device;
+		to_port = r.port;
 	}
 
-	std::vector<std::pair<uint32_t, pid_t>> targets;
-	if (multicast)
-		targets = group_members(group_dir(device_, ah.grh.dgid, eth ? 0 : ah.dlid));
-	else
-		targets.emplace_back(wr.remote_qpn, 0);
-
-	/* The payload, gathered once. */
-	std::vector<char> data(length);
-	size_t at = 0;
-	for (const struct iovec &v : std::span(local, size_t(count))) {
-		std::memcpy(data.data() + at, v.iov_base, v.iov_len);
-		at += v.iov_len;
+	/* The payload, contiguous: gathered only when in several pieces. */
+	const char *data = count ? static_cast<const char *>(local[0].iov_base) : nullptr;
+	if (count > 1) {
+		gathered_.resize(length);
+		size_t at = 0;
+		for (const struct iovec &v : std::span(local, size_t(count))) {
+			std::memcpy(gathered_.data() + at, v.iov_base, v.iov_len);
+			at += v.iov_len;
+		}
+		data = gathered_.data();
 	}
 
 	/* The GRH as the receiver will find it. */
-	char grh[grh_bytes] = {};
 	const bool global = ah.is_global || eth;
+	const bool with_imm = wr.opcode == IBV_WR_SEND_WITH_IMM;
 	if (global) {
-		union ibv_gid sgid{};
-		enum ibv_gid_type sgid_type = eth ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_IB;
-		if (ah.grh.sgid_index < own->gids.size()) {
-			sgid = own->gids[ah.grh.sgid_index].gid;
-			sgid_type = own->gids[ah.grh.sgid_index].gid_type;
-		}
-		const bool v2 = sgid_type == IBV_GID_TYPE_ROCE_V2;
-		const uint32_t imm = wr.opcode == IBV_WR_SEND_WITH_IMM ? 4 : 0;
-		/* BTH + DETH (+ ImmDt) + payload padded to 4 + ICRC. */
-		const uint32_t ib_len = uint32_t(12 + 8 + imm + ((length + 3) & ~3ull) + 4);
-		if (v2 && is_v4_mapped(sgid) && is_v4_mapped(ah.grh.dgid)) {
-			struct iphdr ip{};
-			ip.version = 4;
-			ip.ihl = 5;
-			ip.tos = ah.grh.traffic_class;
-			ip.tot_len = htobe16(uint16_t(20 + 8 + ib_len));
-			ip.frag_off = htobe16(0x4000); /* DF */
-			ip.ttl = ah.grh.hop_limit;
-			ip.protocol = IPPROTO_UDP;
-			std::memcpy(&ip.saddr, sgid.raw + 12, 4);
-			std::memcpy(&ip.daddr, ah.grh.dgid.raw + 12, 4);
-			/* The ones'-complement header checksum. */
-			uint16_t words[10];
-			std::memcpy(words, &ip, sizeof(words));
-			uint32_t sum = 0;
-			for (uint16_t w : words)
-				sum += w;
-			while (sum >> 16)
-				sum = (sum & 0xffff) + (sum >> 16);
-			ip.check = uint16_t(~sum);
-			std::memcpy(grh + 20, &ip, sizeof(ip));
-		} else {
-			struct ibv_grh g{};
-			g.version_tclass_flow = htobe32((6u << 28) | (uint32_t(ah.grh.traffic_class) << 20) |
-							(ah.grh.flow_label & 0xfffff));
-			g.paylen = htobe16(uint16_t(ib_len + (v2 ? 8 : 0)));
-			g.next_hdr = v2 ? IPPROTO_UDP : 0x1b;
+		/* The last one built is kept: a sender's messages mostly
+		 * repeat the route and the size. Everything it depends on is
+		 * compared (the port's GIDs never change). */
+		auto &g = ud_grh_;
+		if (!g.valid || g.port != own || g.eth != eth || g.with_imm != with_imm ||
+		    g.length != length || g.sgid_index != ah.grh.sgid_index ||
+		    g.hop_limit != ah.grh.hop_limit || g.traffic_class != ah.grh.traffic_class ||
+		    g.flow_label != ah.grh.flow_label ||
+		    std::memcmp(g.dgid.raw, ah.grh.dgid.raw, 16) != 0) {
+			build_grh(g.bytes, *own, ah, eth, with_imm, length);
+			g.port = own;
+			g.eth = eth;
+			g.with_imm = with_imm;
+			g.length = length;
+			g.sgid_index = ah.grh.sgid_index;
 			g.hop_limit = ah.grh.hop_limit;
-			g.sgid = sgid;
+			g.traffic_class = ah.grh.traffic_class;
+			g.flow_label = ah.grh.flow_label;
 			g.dgid = ah.grh.dgid;
-			std::memcpy(grh, &g, sizeof(g));
+			g.valid = true;
 		}
 	}
 
-	const uint32_t own_qkey = attr_.qkey;
-	const uint32_t qkey = (wr.remote_qkey & 0x80000000u) ? own_qkey : wr.remote_qkey;
-	for (auto [qpn, pid] : targets) {
+	UdMessage m{};
+	m.data = data;
+	m.length = length;
+	m.grh = global ? ud_grh_.bytes : nullptr;
+	m.src_qp = qpn_;
+	m.slid = own->attr.lid;
+	m.sl = ah.sl;
+	m.solicited = wr.send_flags & IBV_SEND_SOLICITED;
+	m.with_imm = with_imm;
+	m.imm_data = wr.imm_data;
+
+	const uint32_t qkey = (wr.remote_qkey & 0x80000000u) ? attr_.qkey : wr.remote_qkey;
+	/* A target takes the message when ready, on the addressed port (a
+	 * multicast group spans ports) and of the same Q_Key; otherwise the
+	 * message is dropped silently. */
+	auto accepts = [&](const shm::QpDesc &d) {
+		return takes_messages(d.state.load(std::memory_order_acquire)) &&
+		       (multicast || d.port.load(std::memory_order_relaxed) == to_port) &&
+		       d.qkey.load(std::memory_order_relaxed) == qkey;
+	};
+
+	if (!multicast) {
+		UdTarget *t = ud_target(to_device, wr.remote_qpn);
+		if (t && accepts(*t->desc) && ud_recv_side(*t))
+			ud_deliver(*t, m, true);
+		return Outcome::Done;
+	}
+
+	/* Multicast: every member of the group, each resolved afresh (the
+	 * listing is a directory read anyway), holding nothing across WRs. */
+	for (auto [qpn, pid] : group_members(group_dir(device_, ah.grh.dgid, eth ? 0 : ah.dlid))) {
 		PeerObject obj;
 		if (resolve_object(to_device, broker::ObjectKind::Qp, qpn, obj))
 			continue;
@@ -249,104 +579,43 @@ QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
 		if (!desc || desc->magic != shm::qp_magic || desc->qpn != qpn ||
 		    desc->type != IBV_QPT_UD || !obj.seg->alive())
 			continue;
-		if (multicast && pid && obj.seg->pid != pid)
+		if (pid && obj.seg->pid != pid)
 			continue; /* a stale entry: the number now names another QP */
 		desc->inflight.fetch_add(1, std::memory_order_seq_cst);
 		struct Release {
 			shm::QpDesc *d;
 			~Release() { d->inflight.fetch_sub(1, std::memory_order_release); }
 		} release{desc};
-		if (desc->dead.load(std::memory_order_seq_cst))
+		if (desc->dead.load(std::memory_order_seq_cst) || !accepts(*desc))
 			continue;
-		uint32_t st = desc->state.load(std::memory_order_acquire);
-		if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE)
-			continue;
-		if (!multicast && desc->port.load() != to_port)
-			continue;
-		if (desc->qkey.load() != qkey)
-			continue; /* Q_Key mismatch: dropped silently */
-
-		/* The receive WQE: the QP's RQ or its SRQ. */
+		/* A member's receive side, built like the cached target's but
+		 * held only for this message. */
+		UdTarget member;
+		member.seg = obj.seg;
+		member.desc = desc;
+		member.device = to_device;
+		member.qpn = qpn;
+		member.srqn = desc->srqn;
 		PeerRq q;
-		PeerObject srq_obj;
-		const PeerSegment *rq_seg = obj.seg.get();
-		uint32_t rq_pdn = desc->pdn;
 		if (desc->srqn) {
+			PeerObject srq_obj;
 			if (!peer_srq(to_device, desc->srqn, srq_obj, q))
 				continue;
-			rq_seg = srq_obj.seg.get();
-			rq_pdn = q.rq->pdn;
-		} else if (!peer_rq(*obj.seg, desc->rq_off, q)) {
-			continue;
-		}
-		shm::RecvWqe wqe{};
-		std::vector<shm::RecvSge> rsges;
-		if (!consume_wqe(q, wqe, rsges))
-			continue; /* no receive posted: dropped */
-
-		Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, qpn);
-		rc.wc.src_qp = qpn_;
-		rc.wc.slid = own->attr.lid;
-		rc.wc.sl = ah.sl;
-		rc.wc.pkey_index = 0;
-		rc.wc.dlid_path_bits = 0; /* LMC 0 */
-		rc.wc.byte_len = uint32_t(length + grh_bytes);
-		rc.solicited = wr.send_flags & IBV_SEND_SOLICITED;
-		if (global)
-			rc.wc.wc_flags |= IBV_WC_GRH;
-		if (wr.opcode == IBV_WR_SEND_WITH_IMM) {
-			rc.wc.imm_data = wr.imm_data;
-			rc.wc.wc_flags |= IBV_WC_WITH_IMM;
-		}
-		uint64_t room = 0;
-		for (const shm::RecvSge &s : rsges)
-			room += s.length;
-		if (length + grh_bytes > room) {
-			rc.wc.status = IBV_WC_LOC_LEN_ERR;
+			member.srq_seg = std::move(srq_obj.seg);
+			member.rq_seg = member.srq_seg.get();
+			member.rq_pdn = q.rq->pdn;
 		} else {
-			/* Scatter GRH (if any) + payload over the receive SGEs. */
-			const uint64_t total = length + grh_bytes;
-			uint64_t pos = 0;
-			for (const shm::RecvSge &s : rsges) {
-				if (pos >= total)
-					break;
-				uint64_t n = std::min<uint64_t>(s.length, total - pos);
-				KeyRef ref = acquire_key(*rq_seg, s.lkey);
-				if (!ref || ref->pdn != rq_pdn ||
-				    !ref.permits(s.addr, n, IBV_ACCESS_LOCAL_WRITE)) {
-					rc.wc.status = IBV_WC_LOC_PROT_ERR;
-					break;
-				}
-				struct iovec v[2];
-				int nv = 0;
-				uint64_t skip = 0; /* bytes of this SGE left as they are */
-				if (pos < grh_bytes) {
-					uint64_t g = std::min(n, grh_bytes - pos);
-					if (global)
-						v[nv++] = {grh + pos, size_t(g)};
-					else
-						skip = g;
-				}
-				uint64_t from = pos < grh_bytes ? 0 : pos - grh_bytes;
-				uint64_t grh_part = pos < grh_bytes ? std::min(n, grh_bytes - pos) : 0;
-				if (n > grh_part)
-					v[nv++] = {data.data() + from, size_t(n - grh_part)};
-				if (nv && remote_memory_for(*rq_seg, *ref).write(
-						  *rq_seg, *ref, ref.address_of(s.addr + skip), v, nv)) {
-					rc.wc.status = IBV_WC_LOC_PROT_ERR;
-					break;
-				}
-				pos += n;
-			}
+			if (!peer_rq(*obj.seg, desc->rq_off, q))
+				continue;
+			member.rq_seg = obj.seg.get();
+			member.rq_pdn = desc->pdn;
 		}
-		uint32_t cap;
-		if (shm::CqRing *ring = peer_cq(*obj.seg, desc->recv_cq_off, cap))
-			cq_ring_produce(*ring, cap, rc,
-					desc->recv_cq_has_channel
-						? fetch_channel_fd(to_device, broker::ObjectKind::Qp, qpn)
-						: -1);
-		if (rc.wc.status != IBV_WC_SUCCESS)
-			desc->remote_error.store(shm::remote_error_fatal, std::memory_order_release);
+		member.rq = q.rq;
+		member.rq_entries = q.entries;
+		member.rq_max_sge = q.max_sge;
+		member.rq_stride = q.stride;
+		member.cq = peer_cq(*obj.seg, desc->recv_cq_off, member.cq_cap);
+		ud_deliver(member, m, false);
 	}
 	return Outcome::Done;
 }
