@@ -520,7 +520,9 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 	w.xrc_srqn = 0;
 	if (type_ == IBV_QPT_UD) {
 		struct ibv_ah *ah = wr->wr.ud.ah;
-		if (!ah || to_context(ah->context) != qp_.ctx)
+		/* Our own context is the common case: a pointer compare (to_context()
+		 * looks the device up); any other, ours or not, is not the QP's. */
+		if (!ah || ah->context != qp_.ctx->abi())
 			return EINVAL;
 		w.ah_attr = Ah::from(ah)->attr;
 		w.remote_qpn = wr->wr.ud.remote_qpn;

@@ -278,7 +278,7 @@ void wr_set_ud_addr(struct ibv_qp_ex *q, struct ibv_ah *ah, uint32_t remote_qpn,
 	/* The AH must be one of ours, on this QP's context: its address is
 	 * copied now, as ibv_post_send copies it, so it may be destroyed
 	 * once the WR is posted. */
-	if (!ah || to_context(ah->context) != to_context(q->qp_base.context)) {
+	if (!ah || ah->context != q->qp_base.context) { /* the QP's own context only */
 		latch(*batch_of(q), EINVAL);
 		return;
 	}

@@ -530,3 +530,60 @@ TEST_CASE("ibv_cq_ex: read_* over the ring, timestamps on CLOCK_MONOTONIC", "[qp
 	CHECK(ibv_next_poll(c) == ENOENT);
 	ibv_end_poll(c);
 }
+
+/* An AH is usable only on a QP of its own context (the address is checked
+ * against the QP's context: a pointer compare on the fast path). */
+TEST_CASE("UD: an AH of another context is EINVAL, in ibv_post_send and wr_set_ud_addr",
+	  "[qpex][ah]")
+{
+	Options o;
+	o.type = IBV_QPT_UD;
+	o.send_ops = IBV_QP_EX_WITH_SEND;
+	Pair p(o);
+	p.connect();
+	struct ibv_context *other = shmv_test::open_first_device();
+	REQUIRE(other);
+	struct ibv_pd *other_pd = ibv_alloc_pd(other);
+	REQUIRE(other_pd);
+	struct ibv_ah_attr aa{};
+	aa.dlid = p.lid;
+	aa.port_num = 1;
+	struct ibv_ah *foreign = ibv_create_ah(other_pd, &aa);
+	struct ibv_ah *own = ibv_create_ah(p.pd, &aa);
+	REQUIRE((foreign && own));
+	REQUIRE(Pair::post_recv(p.b, 1, 0, 40 + 64) == 0);
+
+	struct ibv_sge sg = {p.a.addr(0), 8, p.a.mr->lkey};
+	struct ibv_send_wr wr[2]{}, *bad = nullptr;
+	for (int i = 0; i < 2; i++) {
+		wr[i].wr_id = uint64_t(i + 1);
+		wr[i].opcode = IBV_WR_SEND;
+		wr[i].send_flags = IBV_SEND_SIGNALED;
+		wr[i].sg_list = &sg;
+		wr[i].num_sge = 1;
+		wr[i].wr.ud.remote_qpn = p.b.qp->qp_num;
+		wr[i].wr.ud.remote_qkey = 0x1234;
+	}
+	wr[0].wr.ud.ah = own;
+	wr[0].next = &wr[1];
+	wr[1].wr.ud.ah = foreign;
+	CHECK(ibv_post_send(p.a.qp, wr, &bad) == EINVAL);
+	CHECK(bad == &wr[1]);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc)); /* the first one went */
+	CHECK(wc.wr_id == 1);
+	CHECK(Pair::quiet(p.a));
+
+	struct ibv_qp_ex *q = p.a.qpx;
+	ibv_wr_start(q);
+	ibv_wr_send(q);
+	ibv_wr_set_ud_addr(q, foreign, p.b.qp->qp_num, 0x1234);
+	ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 8);
+	CHECK(ibv_wr_complete(q) == EINVAL);
+	CHECK(Pair::quiet(p.a));
+
+	ibv_destroy_ah(own);
+	ibv_destroy_ah(foreign);
+	ibv_dealloc_pd(other_pd);
+	ibv_close_device(other);
+}
