@@ -25,7 +25,7 @@
 #pragma once
 
 #include "cq.h"
-#include "fast_mutex.h"
+#include "locks.h"
 #include "qp.h"
 #include "remote_memory.h"
 #include "segment.h"
@@ -44,7 +44,6 @@
 #include <functional>
 #include <mutex>
 #include <span>
-#include <sched.h>
 #include <sys/uio.h>
 #include <vector>
 
@@ -134,44 +133,6 @@ private:
 	std::vector<KeyRef> extra_;
 	uint64_t stamp_ = 1;
 	uint32_t pid_ = 0; /* whose holds these are (forked child: not ours) */
-};
-
-/*
- * The lock of a QP's receive queue (post_recv may be called by several
- * threads): taking it is one locked instruction (an exchange) and dropping
- * it a plain release store, where std::mutex pays a locked read-modify-write
- * on both sides; a receiver reposting one WQE per message pays it per
- * message. The critical section is short and never blocks; a waiter spins
- * a little and then yields the CPU, since the holder may be preempted.
- */
-class SpinLock {
-public:
-	void lock()
-	{
-		while (flag_.exchange(true, std::memory_order_acquire))
-			wait();
-	}
-	bool try_lock()
-	{
-		return !flag_.load(std::memory_order_relaxed) &&
-		       !flag_.exchange(true, std::memory_order_acquire);
-	}
-	void unlock() { flag_.store(false, std::memory_order_release); }
-
-private:
-	void wait()
-	{
-		for (unsigned spins = 0; flag_.load(std::memory_order_relaxed); spins++) {
-			if (spins < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-				__builtin_ia32_pause();
-#endif
-			} else {
-				sched_yield();
-			}
-		}
-	}
-	std::atomic<bool> flag_{false};
 };
 
 struct SendWr {

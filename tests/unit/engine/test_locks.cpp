@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * lib/fast_mutex.h: mutual exclusion under contention, including the path
- * where waiters sleep on the futex and must be woken by unlock.
+ * lib/locks.h: mutual exclusion under contention (FastMutex and SpinLock),
+ * and FastMutex's path where waiters sleep on the futex and must be woken
+ * by unlock.
  */
 #include <catch2/catch.hpp>
 
-#include "fast_mutex.h"
+#include "locks.h"
 
 #include <chrono>
 #include <mutex>
@@ -13,10 +14,12 @@
 #include <vector>
 
 using shmverbs::FastMutex;
+using shmverbs::SpinLock;
 
-TEST_CASE("FastMutex: increments under the lock are never lost", "[fastmutex]")
+TEMPLATE_TEST_CASE("locks: increments under the lock are never lost", "[fastmutex][spinlock]",
+		   FastMutex, SpinLock)
 {
-	FastMutex m;
+	TestType m;
 	/* A plain (non-atomic) read-modify-write with a pause inside: two
 	 * holders at once would lose updates. */
 	volatile uint64_t counter = 0;

@@ -1,6 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A mutex for the data path's per-call locks (a QP's send queue): lock and
+ * The data path's two small locks, written here because a post or a
+ * receive repost takes one per call and std::mutex's pthread calls cost
+ * several times their locked instructions (the CQ's recursive PollLock is
+ * in lib/cq.h).
+ *
+ * FastMutex: for a QP's send queue. Lock and
  * unlock are inline, one locked instruction each, with no library call on
  * the uncontended path. std::mutex costs ~65 instructions for the pair here
  * (two calls into pthread_mutex_lock/unlock, which also check the mutex
@@ -12,10 +17,13 @@
  * futex; unlock wakes one sleeper when the word was 2. Process-private: the
  * lock lives in private memory. Usable with std::lock_guard and
  * std::unique_lock (try_lock).
+ *
+ * SpinLock: for a QP's receive queue (below).
  */
 #pragma once
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -67,6 +75,44 @@ private:
 
 	static_assert(sizeof(std::atomic<int>) == sizeof(int));
 	std::atomic<int> word_{0};
+};
+
+/*
+ * The lock of a QP's receive queue (post_recv may be called by several
+ * threads): taking it is one locked instruction (an exchange) and dropping
+ * it a plain release store, where std::mutex pays a locked read-modify-write
+ * on both sides; a receiver reposting one WQE per message pays it per
+ * message. The critical section is short and never blocks; a waiter spins
+ * a little and then yields the CPU, since the holder may be preempted.
+ */
+class SpinLock {
+public:
+	void lock()
+	{
+		while (flag_.exchange(true, std::memory_order_acquire))
+			wait();
+	}
+	bool try_lock()
+	{
+		return !flag_.load(std::memory_order_relaxed) &&
+		       !flag_.exchange(true, std::memory_order_acquire);
+	}
+	void unlock() { flag_.store(false, std::memory_order_release); }
+
+private:
+	void wait()
+	{
+		for (unsigned spins = 0; flag_.load(std::memory_order_relaxed); spins++) {
+			if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+				__builtin_ia32_pause();
+#endif
+			} else {
+				sched_yield();
+			}
+		}
+	}
+	std::atomic<bool> flag_{false};
 };
 
 } // namespace shmverbs
