@@ -942,7 +942,18 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 			if (!peer_srq(device_, t.desc->srqn, rs.srq_obj, rs.q))
 				return IBV_WC_REM_OP_ERR;
 		} else {
-			return peer_rq(peer, t.desc->rq_off, rs.q) ? IBV_WC_SUCCESS : IBV_WC_REM_OP_ERR;
+			/* Our cached target's own RQ, validated once. */
+			if (!target_.rq) {
+				PeerRq q;
+				if (!peer_rq(peer, t.desc->rq_off, q))
+					return IBV_WC_REM_OP_ERR;
+				target_.rq = q.rq;
+				target_.rq_entries = q.entries;
+				target_.rq_max_sge = q.max_sge;
+				target_.rq_stride = q.stride;
+			}
+			rs.q = {target_.rq, target_.rq_entries, target_.rq_max_sge, target_.rq_stride};
+			return IBV_WC_SUCCESS;
 		}
 		rs.seg = rs.srq_obj.seg.get();
 		rs.pdn = rs.q.rq->pdn;
@@ -956,8 +967,18 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 		return IBV_WC_SUCCESS;
 	};
 	auto produce_recv = [&](const Completion &rc) {
-		uint32_t cap;
-		if (shm::CqRing *ring = peer_cq(*rs.cq_seg, rs.cq_off, cap)) {
+		uint32_t cap = 0;
+		shm::CqRing *ring = nullptr;
+		if (rs.cq_seg == &peer && rs.cq_off == t.desc->recv_cq_off) {
+			/* The target QP's own receive CQ: validated once. */
+			if (!target_.cq)
+				target_.cq = peer_cq(peer, rs.cq_off, target_.cq_cap);
+			ring = target_.cq;
+			cap = target_.cq_cap;
+		} else {
+			ring = peer_cq(*rs.cq_seg, rs.cq_off, cap);
+		}
+		if (ring) {
 			if (recv_cq_seen_.ring != ring)
 				recv_cq_seen_ = {ring, 0};
 			cq_ring_produce(*ring, cap, rc,

@@ -312,6 +312,13 @@ private:
 		std::shared_ptr<PeerSegment> seg;
 		shm::QpDesc *desc = nullptr;
 		uint32_t qpn = 0;
+		/* Its own RQ (a QP without SRQ) and receive CQ ring, geometry
+		 * validated at first use: a QP's rq_off and recv_cq_off never
+		 * change in its life, and this is reset with the target. */
+		shm::RecvQueue *rq = nullptr;
+		uint32_t rq_entries = 0, rq_max_sge = 0, rq_stride = 0;
+		shm::CqRing *cq = nullptr;
+		uint32_t cq_cap = 0;
 	} target_;
 	/* Windows onto peers' memory files used last (under sq_lock_), most
 	 * recent first: a window stays valid for its peer's life for every

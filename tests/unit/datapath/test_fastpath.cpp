@@ -191,3 +191,38 @@ TEST_CASE("fast path: an lkey the engine keeps held neither blocks dereg_mr nor 
 	/* The engine must not use its old hold for the withdrawn key. */
 	CHECK(write_from(lkey, 4) == IBV_WC_LOC_PROT_ERR);
 }
+
+/* The engine keeps its target's RQ and receive CQ once validated (reset
+ * with the target): a QP reconnected to another QP must deliver there. */
+TEST_CASE("fast path: SENDs follow a QP reconnected to another target", "[fastpath][target]")
+{
+	Pair p;
+	p.connect();
+	REQUIRE(Pair::post_recv(p.b, 11, 0, 64) == 0);
+	std::memcpy(p.a.at(0), "to-b....", 8);
+	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK(wc.wr_id == 11);
+
+	Side c;
+	p.make(c);
+	struct ibv_qp_attr reset{};
+	reset.qp_state = IBV_QPS_RESET;
+	REQUIRE(ibv_modify_qp(p.a.qp, &reset, IBV_QP_STATE) == 0);
+	REQUIRE(Pair::up(p.a, c.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
+	REQUIRE(Pair::up(c, p.a.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
+	REQUIRE(Pair::post_recv(p.b, 12, 64, 64) == 0); /* b must not get it */
+	REQUIRE(Pair::post_recv(c, 21, 0, 64) == 0);
+	std::memcpy(p.a.at(0), "to-c....", 8);
+	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 2) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(Pair::wait_wc(c, wc));
+	CHECK(wc.wr_id == 21);
+	CHECK(std::memcmp(c.at(0), "to-c....", 8) == 0);
+	CHECK(Pair::quiet(p.b));
+	Pair::destroy(c);
+}
