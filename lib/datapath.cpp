@@ -1206,23 +1206,19 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 		return Outcome::Fatal;
 	};
 	switch (op.opcode) {
-	case IBV_WR_RDMA_WRITE: {
-		const KeyRef *rkey = hold_rkey(peer, t, pdn, op.rkey, op.remote_addr, length,
-					       IBV_ACCESS_REMOTE_WRITE);
-		if (!rkey)
-			return access_error();
-		if (length && remote_write(peer, **rkey, rkey->address_of(op.remote_addr), local.data(),
-					   int(local.size())))
-			return fail(IBV_WC_REM_ACCESS_ERR);
-		return Outcome::Done;
-	}
+	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_READ: {
+		const bool write = op.opcode == IBV_WR_RDMA_WRITE;
 		const KeyRef *rkey = hold_rkey(peer, t, pdn, op.rkey, op.remote_addr, length,
-					       IBV_ACCESS_REMOTE_READ);
+					       write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ);
 		if (!rkey)
 			return access_error();
-		if (length && remote_read(peer, **rkey, rkey->address_of(op.remote_addr), local.data(),
-					  int(local.size())))
+		if (!length)
+			return Outcome::Done;
+		const uint64_t at = rkey->address_of(op.remote_addr);
+		const int n = int(local.size());
+		if (write ? remote_write(peer, **rkey, at, local.data(), n)
+			  : remote_read(peer, **rkey, at, local.data(), n))
 			return fail(IBV_WC_REM_ACCESS_ERR);
 		return Outcome::Done;
 	}
