@@ -1046,11 +1046,7 @@ namespace {
 					    enum ibv_wc_opcode opcode, uint32_t qp_num,
 					    uint32_t byte_len)
 {
-	Completion c{};
-	c.wc.wr_id = wr_id;
-	c.wc.status = status;
-	c.wc.opcode = opcode;
-	c.wc.qp_num = qp_num;
+	Completion c = make_completion(wr_id, status, opcode, qp_num);
 	c.wc.byte_len = byte_len;
 	return deliver_completion(cq, c);
 }

@@ -59,6 +59,20 @@ struct Completion {
 	struct ibv_wc_tm_info tm_info;
 };
 
+/* A completion with these fields and every other one zero (not solicited;
+ * timestamp_ns 0: the CQ ring stamps it when written, if its CQ reports
+ * timestamps). */
+inline Completion make_completion(uint64_t wr_id, enum ibv_wc_status status,
+				  enum ibv_wc_opcode opcode, uint32_t qp_num)
+{
+	Completion c{};
+	c.wc.wr_id = wr_id;
+	c.wc.status = status;
+	c.wc.opcode = opcode;
+	c.wc.qp_num = qp_num;
+	return c;
+}
+
 enum class CqArm : uint8_t { None, Solicited, Next };
 
 /* This thread's identity for PollLock (its address; initial-exec: one

@@ -204,19 +204,6 @@ static bool rq_refilled(const PeerRq &q)
 	return tail - head >= std::clamp<uint64_t>(q.entries / 4, 1, 32);
 }
 
-Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op,
-			   uint32_t qpn)
-{
-	Completion c{};
-	c.wc.wr_id = wr_id;
-	c.wc.status = status;
-	c.wc.opcode = op;
-	c.wc.qp_num = qpn;
-	/* timestamp_ns 0: the CQ ring stamps it when written, if its CQ
-	 * reports timestamps (cq_ring_produce). */
-	return c;
-}
-
 } // namespace dp
 
 using namespace dp;

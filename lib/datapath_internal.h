@@ -52,9 +52,6 @@ inline std::atomic_ref<uint32_t> rq_slot_seq(char *slot)
 		*reinterpret_cast<uint32_t *>(slot + offsetof(shm::RecvWqe, seq)));
 }
 
-Completion make_completion(uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op,
-			   uint32_t qpn);
-
 } // namespace shmverbs::dp
 
 namespace shmverbs {
