@@ -300,6 +300,10 @@ QpEngine::QpEngine(Qp &qp)
 QpEngine::~QpEngine()
 {
 	progress_unregister(this);
+	{
+		std::lock_guard guard(sq_lock_);
+		release_holds();
+	}
 	quiesce();
 	if (published_)
 		seg_.withdraw(broker::ObjectKind::Qp, qpn_);
@@ -324,6 +328,10 @@ void QpEngine::quiesce()
 	if (!desc_)
 		return;
 	desc_->dead.store(1, std::memory_order_seq_cst);
+	/* Our own engines let go at once; those of other processes see `dead`
+	 * at their next use or let go when their progress thread finds them
+	 * idle (sweep_holds). */
+	for_each_engine([this](QpEngine &e) { e.drop_target(*desc_); });
 	/* Senders increment inflight and then check `dead` (seq_cst): either
 	 * we see their count or they see the QP dead. A sender that died
 	 * inside leaves its count behind: bounded wait. */
@@ -552,7 +560,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 	}
 	const QpCaps &caps = qp_.core->caps;
 	int err = 0;
-	bool fatal = false, queued = false;
+	bool fatal = false, queued = false, list = false;
 	{
 		std::lock_guard guard(sq_lock_);
 		for (; wr; wr = wr->next) {
@@ -587,10 +595,12 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 			}
 			queued = true;
 		}
-		release_holds();
+		list = keep_holds();
 		if (state_.load() == IBV_QPS_ERR)
 			flush_locked();
 	}
+	if (list)
+		progress_hold(this);
 	if (err)
 		*bad_wr = wr;
 	if (fatal) {
@@ -609,7 +619,7 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
 	    type_ == IBV_QPT_XRC_RECV)
 		return EINVAL;
-	bool fatal = false, queued = false;
+	bool fatal = false, queued = false, list = false;
 	{
 		std::lock_guard guard(sq_lock_);
 		if (sq_.size() + batch.size() > qp_.core->caps.created.max_send_wr)
@@ -626,10 +636,12 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 			sq_.push_back(std::move(w));
 			queued = true;
 		}
-		release_holds();
+		list = keep_holds();
 		if (state_.load() == IBV_QPS_ERR)
 			flush_locked();
 	}
+	if (list)
+		progress_hold(this);
 	batch.clear();
 	if (fatal)
 		qp_async_error(qp_, IBV_QPS_ERR);
@@ -702,6 +714,17 @@ void QpEngine::drop_local_key(const KeySlot &slot)
 {
 	std::lock_guard guard(sq_lock_);
 	local_refs_.drop(slot);
+	if (held_.rkey.slot() == &slot) { /* a loopback target's key */
+		held_.rkey.release();
+		held_.rkey_seg = nullptr;
+	}
+}
+
+void QpEngine::drop_target(const shm::QpDesc &t)
+{
+	std::lock_guard guard(sq_lock_);
+	if (held_.inflight == &t)
+		release_holds();
 }
 
 namespace {
@@ -725,6 +748,48 @@ void QpEngine::release_holds()
 		held_.inflight->inflight.fetch_sub(1, std::memory_order_release);
 		held_.inflight = nullptr;
 	}
+}
+
+bool QpEngine::keep_holds()
+{
+	if (!held_.inflight)
+		return false;
+	/* Loads of lines this post read already. A target going away
+	 * (destroy_qp, a move to ERR whose SRQ flush waits for senders,
+	 * dereg_mr of the key) gets its counts back now, not at the sweep. */
+	const shm::QpDesc &t = *held_.inflight;
+	const uint32_t state = t.state.load(std::memory_order_relaxed);
+	if (t.dead.load(std::memory_order_relaxed) ||
+	    (state != IBV_QPS_RTR && state != IBV_QPS_RTS && state != IBV_QPS_SQD &&
+	     state != IBV_QPS_SQE) ||
+	    (held_.rkey && !held_.rkey.names(held_.rkey_value))) {
+		release_holds();
+		return false;
+	}
+	held_.posts++;
+	return !std::exchange(held_.listed, true);
+}
+
+bool QpEngine::sweep_holds()
+{
+	std::unique_lock guard(sq_lock_, std::try_to_lock);
+	if (!guard.owns_lock())
+		return true; /* a post is running: not idle */
+	if (held_.inflight && held_.posts != held_.posts_swept) {
+		held_.posts_swept = held_.posts;
+		return true;
+	}
+	release_holds();
+	held_.listed = false;
+	return false;
+}
+
+void QpEngine::forget_holds()
+{
+	held_.rkey.forget();
+	held_.rkey_seg = nullptr;
+	held_.inflight = nullptr;
+	held_.listed = false;
 }
 
 void QpEngine::complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_wr_opcode opcode,
@@ -873,7 +938,7 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 	if (err || !target_.seg->alive())
 		return unreachable();
 	/* The target's in-flight count, held while we touch its queues, CQ
-	 * or memory: taken once for the WRs of one post to one target
+	 * or memory: taken once and kept across WRs and posts to one target
 	 * (held_), then `dead` checked for each. */
 	if (held_.inflight != t.desc) {
 		release_holds();
@@ -1151,15 +1216,17 @@ rnr:
  * (qp_access_flags; for XRC the XRC_RECV QP's, which `t` is) and the MR's,
  * checked against the responder's PD `pdn`; either missing is the same
  * remote access error (nullptr). The key stays held (held_) for the next
- * WRs of this post naming it too: a held key cannot be withdrawn, so its
- * entry is still the key's.
+ * WRs and posts naming it too: while it is held its entry stays the key's.
  */
 const KeyRef *QpEngine::hold_rkey(const PeerSegment &peer, const shm::QpDesc &t, uint32_t pdn,
 				  uint32_t rkey, uint64_t addr, uint64_t len, uint32_t access)
 {
 	if (!(t.access_flags.load(std::memory_order_relaxed) & access))
 		return nullptr;
-	if (!held_.rkey || held_.rkey_value != rkey || held_.rkey_seg != &peer) {
+	/* A hold kept from an earlier post is good while the key is still
+	 * published: the owner's dereg_mr withdraws it, then waits for us. */
+	if (!held_.rkey || held_.rkey_value != rkey || held_.rkey_seg != &peer ||
+	    !held_.rkey.names(rkey)) {
 		held_.rkey = acquire_key(peer, rkey);
 		held_.rkey_value = rkey;
 		held_.rkey_seg = &peer;

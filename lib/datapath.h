@@ -203,6 +203,16 @@ public:
 	/* Lets go of this engine's holds on a key being withdrawn. Any thread
 	 * but one inside this engine. */
 	void drop_local_key(const KeySlot &slot);
+	/* Lets go of this engine's in-flight hold on QP descriptor `t` (a QP
+	 * of this process being destroyed). Any thread but one inside this
+	 * engine. */
+	void drop_target(const shm::QpDesc &t);
+	/* The progress thread's look at an engine that keeps holds between
+	 * posts (progress_hold): lets go of them when no post came since its
+	 * last look. False when it holds nothing any more. */
+	bool sweep_holds();
+	/* A forked child: the holds are the parent's; forget them uncounted. */
+	void forget_holds();
 
 	/* Publishes the descriptor; 0 or the broker's errno. */
 	int publish();
@@ -279,8 +289,13 @@ private:
 	void ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key);
 	void flush_locked();
 	void snapshot_attr();
-	/* Lets go of held_ (sq_lock_ held): before sq_lock_ is released. */
+	/* Lets go of held_ (sq_lock_ held). */
 	void release_holds();
+	/* The end of a post (sq_lock_ held): held_ stays for the next post
+	 * while its target is ready and its key published, else goes. True
+	 * when the caller must list the engine with progress_hold() once
+	 * sq_lock_ is released. */
+	bool keep_holds();
 
 	Qp &qp_;
 	Segment &seg_;
@@ -330,16 +345,23 @@ private:
 		shm::CqRing *ring = nullptr;
 		uint64_t cons = 0;
 	} recv_cq_seen_;
-	/* What execute() holds of the target across the WRs of one post (or
-	 * one progress step), under sq_lock_, so that a post list pays for
-	 * them once: the target QP's in-flight count and the remote key used
-	 * last. Released by release_holds() before sq_lock_ goes, and before
-	 * target_ changes (both point into its segment). */
+	/* What the data path holds of its target between WRs and between
+	 * posts, under sq_lock_, so that a stream of posts to one target pays
+	 * for them once: the target QP's in-flight count and the remote key
+	 * used last. Each use checks with loads that they are still good (the
+	 * QP not dead, the key still published); keep_holds() lets them go at
+	 * the end of a post when not, and the progress thread when the engine
+	 * stayed idle for a period (sweep_holds): the target's destroy_qp and
+	 * dereg_mr wait for these counts. Released before target_ changes
+	 * (both point into its segment). */
 	struct {
 		shm::QpDesc *inflight = nullptr;
 		KeyRef rkey;
 		uint32_t rkey_value = 0;
 		const PeerSegment *rkey_seg = nullptr;
+		uint64_t posts = 0;       /* posts that ended holding */
+		uint64_t posts_swept = 0; /* `posts` at the sweep's last look */
+		bool listed = false;      /* on the progress thread's list */
 	} held_;
 	/* UD (lib/ud.cpp), under sq_lock_. The port a unicast AH named last:
 	 * devices and their LIDs and GIDs are fixed for the process's life,
@@ -372,7 +394,7 @@ private:
 		/* The receive side was checked since held_.inflight was taken
 		 * on this descriptor: while that count is held the QP cannot
 		 * be freed (nor, so, its RQ, CQ or SRQ), and those words never
-		 * change in a QP's life; the next post checks afresh. */
+		 * change in a QP's life; checked afresh once it was let go. */
 		bool recv_checked = false;
 		std::shared_ptr<PeerSegment> srq_seg; /* an SRQ's owner (may differ) */
 		shm::RecvQueue *rq = nullptr;
@@ -439,6 +461,11 @@ inline void progress_poll_waiting()
 	if (progress_waiting_engines.load(std::memory_order_relaxed))
 		progress_poll_waiting_slow();
 }
+/* Lists an engine that keeps holds between posts: the thread looks at it
+ * every hold_sweep_period and lets go of its holds once it stayed idle for
+ * one (QpEngine::sweep_holds). Not under any engine's sq_lock_. */
+void progress_hold(QpEngine *e);
+constexpr std::chrono::milliseconds hold_sweep_period{1};
 /* Calls fn for every engine of the process (none is destroyed meanwhile);
  * fn must not take the progress lock. */
 void for_each_engine(const std::function<void(QpEngine &)> &fn);

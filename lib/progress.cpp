@@ -11,6 +11,13 @@
  * thread into one pass over every engine. The remote-error check (a load of
  * one descriptor word) and the pollers run every 10 ms over all of them.
  *
+ * It also ends the holds that engines keep between posts (a target QP's
+ * in-flight count, a remote key: QpEngine::held_), which the target's
+ * destroy_qp and dereg_mr wait for: `holding` lists the engines that keep
+ * some, and every hold_sweep_period the thread lets go of those of an
+ * engine that posted nothing since its last look. The holds of a busy
+ * engine stay: its posts check that the target still wants them.
+ *
  * Engines register at creation and unregister in their destructor; the
  * thread calls them under `lock`, so an engine is never used after its
  * unregistration returned.
@@ -44,9 +51,11 @@ struct ProgressState {
 	std::condition_variable wake;
 	std::set<QpEngine *> engines;
 	std::set<QpEngine *> waiting; /* a subset of engines */
+	std::set<QpEngine *> holding; /* a subset of engines */
 	std::map<void *, void (*)(void *)> pollers;
 	bool started = false;
 	bool kicked = false;
+	bool holding_grew = false; /* wake up to schedule the hold sweeps */
 };
 
 ProgressState *&state_ptr()
@@ -65,6 +74,7 @@ void thread_main()
 	ProgressState &st = state();
 	std::unique_lock guard(st.lock);
 	auto next_sweep = Clock::now();
+	auto next_hold_sweep = Clock::now();
 	for (;;) {
 		if (st.kicked) {
 			/* Some post left work behind: find who. */
@@ -83,9 +93,19 @@ void thread_main()
 				fn(arg);
 			next_sweep = Clock::now() + slow_period;
 		}
+		if (st.holding_grew) {
+			st.holding_grew = false;
+			next_hold_sweep = std::min(next_hold_sweep, Clock::now() + hold_sweep_period);
+		} else if (!st.holding.empty() && Clock::now() >= next_hold_sweep) {
+			for (auto it = st.holding.begin(); it != st.holding.end();)
+				it = (*it)->sweep_holds() ? std::next(it) : st.holding.erase(it);
+			next_hold_sweep = Clock::now() + hold_sweep_period;
+		}
 		progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
 		auto until = st.waiting.empty() ? next_sweep : Clock::now() + retry_period;
-		st.wake.wait_until(guard, until, [&st] { return st.kicked; });
+		if (!st.holding.empty())
+			until = std::min(until, next_hold_sweep);
+		st.wake.wait_until(guard, until, [&st] { return st.kicked || st.holding_grew; });
 	}
 }
 
@@ -101,7 +121,14 @@ void start_locked(ProgressState &st)
 
 /* A forked child has no progress thread: a new state starts one on first
  * use; the parent's engines stay in the old one, never run here. */
-void fork_child::progress() { state_ptr() = new ProgressState; }
+void fork_child::progress()
+{
+	/* Only this thread runs now: the parent's engines, which the child
+	 * keeps, need no lock. Their holds count in the parent's name. */
+	for (QpEngine *e : state().engines)
+		e->forget_holds();
+	state_ptr() = new ProgressState;
+}
 
 void for_each_engine(const std::function<void(QpEngine &)> &fn)
 {
@@ -134,12 +161,24 @@ void progress_unregister_poller(void *arg)
 	st.pollers.erase(arg);
 }
 
+void progress_hold(QpEngine *e)
+{
+	ProgressState &st = state();
+	std::lock_guard guard(st.lock);
+	start_locked(st);
+	if (st.holding.insert(e).second) {
+		st.holding_grew = true;
+		st.wake.notify_one();
+	}
+}
+
 void progress_unregister(QpEngine *e)
 {
 	ProgressState &st = state();
 	std::lock_guard guard(st.lock);
 	st.engines.erase(e);
 	st.waiting.erase(e);
+	st.holding.erase(e);
 	progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
 }
 

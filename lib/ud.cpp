@@ -248,8 +248,8 @@ bool takes_messages(uint32_t st)
 		}
 		if (!t.seg->alive())
 			return nullptr;
-		/* The target's in-flight count, taken once for the WRs of one
-		 * post (held_), then `dead` checked for each (seq_cst: the
+		/* The target's in-flight count, taken once and kept across WRs
+		 * and posts (held_), then `dead` checked for each (seq_cst: the
 		 * Dekker pair with quiesce()). */
 		if (held_.inflight != t.desc) {
 			release_holds();
@@ -369,13 +369,14 @@ bool takes_messages(uint32_t st)
 				break;
 			uint64_t n = std::min<uint64_t>(s.length, total - pos);
 			/* The buffer's key, held in the target's table while we
-			 * write (its dereg_mr waits); kept for the next WRs of
-			 * this post when allowed. A held key cannot be withdrawn,
-			 * so its entry still is the key's: PD, range and access
-			 * are checked per use. */
+			 * write (its dereg_mr waits); kept for the next WRs and
+			 * posts when allowed, while the key is still published.
+			 * A held key's entry stays the key's: PD, range and
+			 * access are checked per use. */
 			const KeyRef *ref;
 			if (hold_key) {
-				if (!held_.rkey || held_.rkey_value != s.lkey || held_.rkey_seg != &rq_seg) {
+				if (!held_.rkey || held_.rkey_value != s.lkey || held_.rkey_seg != &rq_seg ||
+				    !held_.rkey.names(s.lkey)) {
 					held_.rkey = acquire_key(rq_seg, s.lkey);
 					held_.rkey_value = s.lkey;
 					held_.rkey_seg = &rq_seg;

@@ -720,6 +720,37 @@ TEST_CASE("dereg_mr makes the memory private again and a late remote write fails
 	CHECK(data.rfind("data before-the-dereg|", 0) == 0);
 }
 
+/* The sender keeps its hold on the target's key between posts; a dereg_mr
+ * in the target must still end while the sender keeps writing with that
+ * key, and from then on the writes are refused: a sender that never
+ * idles must not keep the key alive. */
+TEST_CASE("dereg_mr ends while a peer keeps writing with the key, and the writes then fail",
+	  "[datapath][process][paths]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	std::memcpy(n.buf.data(), "while-the-dereg!", 16);
+	struct ibv_wc wc{};
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1) == 0);
+	REQUIRE(n.wait_wc(wc));
+	REQUIRE(wc.status == IBV_WC_SUCCESS);
+
+	t.send("dereg");
+	const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+	uint64_t writes = 0;
+	do {
+		REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 2 + writes) == 0);
+		REQUIRE(n.wait_wc(wc));
+		writes++;
+	} while (wc.status == IBV_WC_SUCCESS && std::chrono::steady_clock::now() < give_up);
+	INFO(writes << " writes succeeded after the dereg was asked for");
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+	CHECK(t.line() == "dereged private\n");
+}
+
 TEST_CASE("fork() after reg_mr: the child does not see the parent's later remote writes",
 	  "[datapath][process][paths]")
 {
