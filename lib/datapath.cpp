@@ -654,19 +654,14 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 
 /* ---- Local keys held between operations ---- */
 
-const KeyRef *LocalKeyCache::get(const KeyTable &keys, uint32_t lkey)
+const KeyRef *LocalKeyCache::get_slow(const KeyTable &keys, uint32_t lkey)
 {
-	if (pid_ != own_pid()) {
-		/* Inherited by a forked child: the counts are the parent's. */
-		for (Entry &e : entries_)
-			e.ref.forget();
-		pid_ = own_pid();
-	}
 	Entry *victim = nullptr;
 	for (Entry &e : entries_) {
 		if (e.ref && e.lkey == lkey) {
 			if (e.ref.names(lkey)) {
 				e.stamp = stamp_;
+				last_ = unsigned(&e - entries_);
 				return &e.ref;
 			}
 			e.ref.release(); /* withdrawn since */
@@ -685,29 +680,29 @@ const KeyRef *LocalKeyCache::get(const KeyTable &keys, uint32_t lkey)
 	victim->ref = std::move(ref); /* releases the one it held */
 	victim->lkey = lkey;
 	victim->stamp = stamp_;
+	last_ = unsigned(victim - entries_);
 	return &victim->ref;
 }
 
 void LocalKeyCache::drop(const KeySlot &slot)
 {
 	for (Entry &e : entries_)
-		if (e.ref.slot() == &slot) {
-			if (pid_ == own_pid())
-				e.ref.release();
-			else
-				e.ref.forget();
-		}
+		if (e.ref.slot() == &slot)
+			e.ref.release();
 }
 
 void LocalKeyCache::clear()
 {
 	extra_.clear();
-	for (Entry &e : entries_) {
-		if (pid_ == own_pid())
-			e.ref.release();
-		else
-			e.ref.forget();
-	}
+	for (Entry &e : entries_)
+		e.ref.release();
+}
+
+void LocalKeyCache::forget_all()
+{
+	extra_.clear(); /* empty between WRs */
+	for (Entry &e : entries_)
+		e.ref.forget();
 }
 
 void QpEngine::drop_local_key(const KeySlot &slot)
@@ -786,6 +781,7 @@ bool QpEngine::sweep_holds()
 
 void QpEngine::forget_holds()
 {
+	local_refs_.forget_all();
 	held_.rkey.forget();
 	held_.rkey_seg = nullptr;
 	held_.inflight = nullptr;
