@@ -81,6 +81,18 @@ KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
 	return acquire_remote_key(slots[index & (key_chunk_slots - 1)], key);
 }
 
+} // namespace dp
+
+const KeyRef &HeldKey::take(const PeerSegment &peer, uint32_t k)
+{
+	ref = dp::acquire_key(peer, k); /* releases the one held */
+	key = k;
+	seg = &peer;
+	return ref;
+}
+
+namespace dp {
+
 /* Local SGEs checked against our key table; iovecs of our memory. */
 enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct ibv_sge *sges,
 				int count, uint32_t access, std::vector<struct iovec> &out,
@@ -709,10 +721,11 @@ void QpEngine::drop_local_key(const KeySlot &slot)
 {
 	std::lock_guard guard(sq_lock_);
 	local_refs_.drop(slot);
-	if (held_.rkey.slot() == &slot) { /* a loopback target's key */
+	/* A loopback target's keys. */
+	if (held_.rkey.ref.slot() == &slot)
 		held_.rkey.release();
-		held_.rkey_seg = nullptr;
-	}
+	if (held_.recv_key.ref.slot() == &slot)
+		held_.recv_key.release();
 }
 
 void QpEngine::drop_target(const shm::QpDesc &t)
@@ -738,7 +751,7 @@ void drop_withdrawn_key(const KeySlot &slot)
 void QpEngine::release_holds()
 {
 	held_.rkey.release();
-	held_.rkey_seg = nullptr;
+	held_.recv_key.release();
 	if (held_.inflight) {
 		held_.inflight->inflight.fetch_sub(1, std::memory_order_release);
 		held_.inflight = nullptr;
@@ -757,7 +770,7 @@ bool QpEngine::keep_holds()
 	if (t.dead.load(std::memory_order_relaxed) ||
 	    (state != IBV_QPS_RTR && state != IBV_QPS_RTS && state != IBV_QPS_SQD &&
 	     state != IBV_QPS_SQE) ||
-	    (held_.rkey && !held_.rkey.names(held_.rkey_value))) {
+	    held_.rkey.withdrawn() || held_.recv_key.withdrawn()) {
 		release_holds();
 		return false;
 	}
@@ -783,7 +796,7 @@ void QpEngine::forget_holds()
 {
 	local_refs_.forget_all();
 	held_.rkey.forget();
-	held_.rkey_seg = nullptr;
+	held_.recv_key.forget();
 	held_.inflight = nullptr;
 	held_.listed = false;
 }
@@ -1159,7 +1172,13 @@ QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 				if (pos >= length + skip)
 					break;
 				uint64_t n = std::min<uint64_t>(s.length, length + skip - pos);
-				KeyRef ref = acquire_key(*rq_seg, s.lkey);
+				/* The buffer's key, held while we write (its
+				 * dereg_mr waits); kept between WRs and posts when
+				 * in the target's own segment, which target_
+				 * keeps mapped (an SRQ's owner may be another). */
+				KeyRef own;
+				const KeyRef &ref = rq_seg == &peer ? held_.recv_key.get(peer, s.lkey)
+								    : (own = acquire_key(*rq_seg, s.lkey));
 				if (!ref || ref->pdn != rs.pdn ||
 				    !ref.permits(s.addr, n, IBV_ACCESS_LOCAL_WRITE)) {
 					rc.wc.status = IBV_WC_LOC_PROT_ERR;
@@ -1221,13 +1240,7 @@ const KeyRef *QpEngine::hold_rkey(const PeerSegment &peer, const shm::QpDesc &t,
 		return nullptr;
 	/* A hold kept from an earlier post is good while the key is still
 	 * published: the owner's dereg_mr withdraws it, then waits for us. */
-	if (!held_.rkey || held_.rkey_value != rkey || held_.rkey_seg != &peer ||
-	    !held_.rkey.names(rkey)) {
-		held_.rkey = acquire_key(peer, rkey);
-		held_.rkey_value = rkey;
-		held_.rkey_seg = &peer;
-	}
-	const KeyRef &ref = held_.rkey;
+	const KeyRef &ref = held_.rkey.get(peer, rkey);
 	if (ref && ref->kind != KeyKind::NullMr && ref->pdn == pdn && ref.permits(addr, len, access))
 		return &ref;
 	return nullptr;
@@ -1327,9 +1340,19 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
  * happened but the in-flight hold (held_, which that path takes over): both
  * give the same result. (sq_lock_ held, queue empty.)
  */
+namespace {
+
+bool direct_opcode(enum ibv_wr_opcode op)
+{
+	return op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_READ ||
+	       op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+} // namespace
+
 QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
 {
-	if (type_ != IBV_QPT_RC && type_ != IBV_QPT_UC)
+	if ((type_ != IBV_QPT_RC && type_ != IBV_QPT_UC) || !direct_opcode(wr.opcode))
 		return Direct::NotTaken;
 	DirectWr d{wr.wr_id, wr.send_flags, {wr.opcode, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey, 0, 0},
 		   std::span(wr.sg_list, size_t(wr.num_sge)), bool(wr.send_flags & IBV_SEND_INLINE)};
@@ -1348,7 +1371,7 @@ QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
 
 QpEngine::Direct QpEngine::try_direct(const SendWr &w)
 {
-	if (type_ != IBV_QPT_RC && type_ != IBV_QPT_UC)
+	if ((type_ != IBV_QPT_RC && type_ != IBV_QPT_UC) || !direct_opcode(w.opcode))
 		return Direct::NotTaken;
 	/* The builders copied inline data already (and checked its size). */
 	const struct ibv_sge data = {uint64_t(uintptr_t(w.inline_data.data())),

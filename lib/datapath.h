@@ -150,6 +150,38 @@ private:
 	unsigned last_ = 0; /* the entry get() returned last */
 };
 
+/* A key of a peer's key table held between WRs and posts (QpEngine's
+ * held_): the slot's entry stays the key's while held, and a hold still
+ * good costs loads only. */
+struct HeldKey {
+	KeyRef ref;
+	uint32_t key = 0;
+	const PeerSegment *seg = nullptr; /* whose table; kept alive by the holder */
+
+	/* The hold on `k` of `peer`'s table: the one kept while the slot still
+	 * names it, else taken afresh (an empty ref: `k` is not published). */
+	const KeyRef &get(const PeerSegment &peer, uint32_t k)
+	{
+		if (ref && key == k && seg == &peer && ref.names(k)) [[likely]]
+			return ref;
+		return take(peer, k);
+	}
+	const KeyRef &take(const PeerSegment &peer, uint32_t k);
+	/* The key was withdrawn since it was taken (its owner waits for us). */
+	bool withdrawn() const { return ref && !ref.names(key); }
+	void release()
+	{
+		ref.release();
+		seg = nullptr;
+	}
+	/* A forked child: the hold counts in the parent's name. */
+	void forget()
+	{
+		ref.forget();
+		seg = nullptr;
+	}
+};
+
 struct SendWr {
 	/* Provided, so that SendWr{} and emplace_back() do not zero the
 	 * in-place SGE and inline buffers (~330 bytes) first: whoever makes a
@@ -363,8 +395,10 @@ private:
 	} recv_cq_seen_;
 	/* What the data path holds of its target between WRs and between
 	 * posts, under sq_lock_, so that a stream of posts to one target pays
-	 * for them once: the target QP's in-flight count and the remote key
-	 * used last. Each use checks with loads that they are still good (the
+	 * for them once: the target QP's in-flight count, the remote key used
+	 * last (one-sided WRs) and the key of the receive buffer written last
+	 * (SEND, in the target's own segment). Each use checks with loads that
+	 * they are still good (the
 	 * QP not dead, the key still published); keep_holds() lets them go at
 	 * the end of a post when not, and the progress thread when the engine
 	 * stayed idle for a period (sweep_holds): the target's destroy_qp and
@@ -372,9 +406,8 @@ private:
 	 * (both point into its segment). */
 	struct {
 		shm::QpDesc *inflight = nullptr;
-		KeyRef rkey;
-		uint32_t rkey_value = 0;
-		const PeerSegment *rkey_seg = nullptr;
+		HeldKey rkey;
+		HeldKey recv_key;
 		uint64_t posts = 0;       /* posts that ended holding */
 		uint64_t posts_swept = 0; /* `posts` at the sweep's last look */
 		bool listed = false;      /* on the progress thread's list */

@@ -289,8 +289,7 @@ bool takes_messages(uint32_t st)
 		}
 	}
 	/* The receive key held points into the old side's segment. */
-	held_.rkey.release();
-	held_.rkey_seg = nullptr;
+	held_.recv_key.release();
 	t.recv_ok = false;
 	t.recv_checked = false;
 	t.srq_seg.reset();
@@ -375,13 +374,7 @@ bool takes_messages(uint32_t st)
 			 * access are checked per use. */
 			const KeyRef *ref;
 			if (hold_key) {
-				if (!held_.rkey || held_.rkey_value != s.lkey || held_.rkey_seg != &rq_seg ||
-				    !held_.rkey.names(s.lkey)) {
-					held_.rkey = acquire_key(rq_seg, s.lkey);
-					held_.rkey_value = s.lkey;
-					held_.rkey_seg = &rq_seg;
-				}
-				ref = &held_.rkey;
+				ref = &held_.recv_key.get(rq_seg, s.lkey);
 			} else {
 				own_ref = acquire_key(rq_seg, s.lkey);
 				ref = &own_ref;
