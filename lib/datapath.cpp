@@ -861,7 +861,7 @@ bool QpEngine::progress()
  * send completion is written by the caller). Fatal: the same, and the QP
  * then moves to ERR. Wait: try again later (wr.not_before).
  */
-QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
+[[gnu::flatten]] QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
 {
 	const bool reliable = type_ == IBV_QPT_RC || type_ == IBV_QPT_XRC_SEND;
 	auto fail = [&](enum ibv_wc_status s) {
@@ -1340,6 +1340,11 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
  * happened but the in-flight hold (held_, which that path takes over): both
  * give the same result. (sq_lock_ held, queue empty.)
  */
+/* Both entry points are flattened (every call inlined into them): the
+ * direct path is a dozen small functions (the key checks, the window
+ * lookup, the copy, the completion), and their calls were a fifth of what a
+ * WR cost. callgrind, signaled inline WRITE + poll: 723 -> 610 instructions
+ * per WR, for ~20 KB of text. execute() likewise, for the SENDs. */
 namespace {
 
 bool direct_opcode(enum ibv_wr_opcode op)
@@ -1350,7 +1355,7 @@ bool direct_opcode(enum ibv_wr_opcode op)
 
 } // namespace
 
-QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
+[[gnu::flatten]] QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
 {
 	if ((type_ != IBV_QPT_RC && type_ != IBV_QPT_UC) || !direct_opcode(wr.opcode))
 		return Direct::NotTaken;
@@ -1369,7 +1374,7 @@ QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
 	return run_direct(d);
 }
 
-QpEngine::Direct QpEngine::try_direct(const SendWr &w)
+[[gnu::flatten]] QpEngine::Direct QpEngine::try_direct(const SendWr &w)
 {
 	if ((type_ != IBV_QPT_RC && type_ != IBV_QPT_UC) || !direct_opcode(w.opcode))
 		return Direct::NotTaken;

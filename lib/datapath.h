@@ -68,7 +68,14 @@ public:
 	const T *begin() const { return data(); }
 	const T *end() const { return data() + size_; }
 	void clear() { size_ = 0; }
-	void push_back(const T &v) { append(&v, 1); }
+	void push_back(const T &v)
+	{
+		if (size_ < N && heap_.empty()) [[likely]] {
+			local_[size_++] = v; /* the common case, inline */
+			return;
+		}
+		append_slow(&v, 1);
+	}
 	void assign(const T *first, const T *last)
 	{
 		size_ = 0;
@@ -88,6 +95,8 @@ public:
 	}
 
 private:
+	[[gnu::noinline]] void append_slow(const T *p, size_t n) { append(p, n); }
+
 	size_t size_ = 0;
 	T local_[N];
 	std::vector<T> heap_; /* in use once non-empty */
