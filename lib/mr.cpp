@@ -47,10 +47,8 @@ KeyRef &KeyRef::operator=(KeyRef &&other) noexcept
 	return *this;
 }
 
-void KeyRef::release()
+void KeyRef::count_out()
 {
-	if (!slot_)
-		return;
 	/* Each decrement pairs with the loads in KeyTable::unpublish(): our
 	 * reads of the entry happen before the writer's next update of it. */
 	if (holder_ == holder_local) {

@@ -158,7 +158,11 @@ public:
 	/* The owner's virtual address of iova; meaningful where permits() held. */
 	uint64_t address_of(uint64_t iova) const { return slot_->entry.addr + (iova - slot_->entry.iova); }
 
-	void release();
+	void release()
+	{
+		if (slot_) /* inline: most KeyRefs that go hold nothing */
+			count_out();
+	}
 	/* Lets go of the slot without counting out: the hold was another
 	 * process's (a KeyRef inherited by a forked child). */
 	void forget() { slot_ = nullptr; }
@@ -175,6 +179,8 @@ public:
 	static constexpr int8_t holder_anonymous = int8_t(key_holder_entries);
 
 private:
+	void count_out();
+
 	KeySlot *slot_ = nullptr;
 	int8_t holder_ = holder_local;
 };
