@@ -774,17 +774,24 @@ bool QpEngine::keep_holds()
 		release_holds();
 		return false;
 	}
-	held_.posts++;
+	held_.posts.store(held_.posts.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 	return !std::exchange(held_.listed, true);
 }
 
 bool QpEngine::sweep_holds()
 {
+	/* A busy engine is seen without its lock: taking it could stall a
+	 * post, for long if this thread lost the CPU meanwhile. */
+	const uint64_t posts = held_.posts.load(std::memory_order_relaxed);
+	if (posts != held_.posts_swept) {
+		held_.posts_swept = posts;
+		return true;
+	}
 	std::unique_lock guard(sq_lock_, std::try_to_lock);
 	if (!guard.owns_lock())
 		return true; /* a post is running: not idle */
-	if (held_.inflight && held_.posts != held_.posts_swept) {
-		held_.posts_swept = held_.posts;
+	if (held_.inflight && held_.posts.load(std::memory_order_relaxed) != posts) {
+		held_.posts_swept = held_.posts.load(std::memory_order_relaxed);
 		return true;
 	}
 	release_holds();

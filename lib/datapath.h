@@ -417,8 +417,11 @@ private:
 		shm::QpDesc *inflight = nullptr;
 		HeldKey rkey;
 		HeldKey recv_key;
-		uint64_t posts = 0;       /* posts that ended holding */
-		uint64_t posts_swept = 0; /* `posts` at the sweep's last look */
+		/* Posts that ended holding: written under sq_lock_, read by
+		 * the sweep without it, so that a busy engine's lock is left
+		 * alone. */
+		std::atomic<uint64_t> posts{0};
+		uint64_t posts_swept = 0; /* `posts` at the sweep's last look (its own) */
 		bool listed = false;      /* on the progress thread's list */
 	} held_;
 	/* UD (lib/ud.cpp), under sq_lock_. The port a unicast AH named last:
