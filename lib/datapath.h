@@ -523,10 +523,12 @@ inline void progress_poll_waiting()
 		progress_poll_waiting_slow();
 }
 /* Lists an engine that keeps holds between posts: the thread looks at it
- * every hold_sweep_period and lets go of its holds once it stayed idle for
- * one (QpEngine::sweep_holds). Not under any engine's sq_lock_. */
+ * every sweep period (hold_sweep_period, longer while the listed engines
+ * stay busy, lib/progress.cpp) and lets go of its holds once it stayed idle
+ * for one (QpEngine::sweep_holds). Not under any engine's sq_lock_. */
 void progress_hold(QpEngine *e);
 constexpr std::chrono::milliseconds hold_sweep_period{1};
+constexpr std::chrono::milliseconds hold_sweep_period_max{8};
 /* Calls fn for every engine of the process (none is destroyed meanwhile);
  * fn must not take the progress lock. */
 void for_each_engine(const std::function<void(QpEngine &)> &fn);
