@@ -135,10 +135,17 @@ void start_locked(ProgressState &st)
  * use; the parent's engines stay in the old one, never run here. */
 void fork_child::progress()
 {
-	/* Only this thread runs now: the parent's engines, which the child
-	 * keeps, need no lock. Their holds count in the parent's name. */
-	for (QpEngine *e : state().engines)
-		e->forget_holds();
+	/* The parent's engines stay in the child, their holds counted in the
+	 * parent's name: forgotten, so that nothing here counts them out.
+	 * (Defensive: the child's verbs refuse inherited QPs with EIO.) Only
+	 * this thread runs now, but the set may have been in a parent
+	 * thread's hands at fork(): left alone then. */
+	ProgressState &old = state();
+	if (old.lock.try_lock()) {
+		for (QpEngine *e : old.engines)
+			e->forget_holds();
+		old.lock.unlock();
+	}
 	state_ptr() = new ProgressState;
 }
 
