@@ -692,19 +692,31 @@ TEST_CASE("each MR is reached by the path the policy and the environment allow",
 	}
 }
 
+namespace {
+
+/* `n` connected to the target, and one signaled 16-byte WRITE of `text`
+ * (wr_id 1) done. */
+void connect_and_write(TargetProc &t, Node &n, const char *text)
+{
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	std::memcpy(n.buf.data(), text, 16);
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	REQUIRE(wc.status == IBV_WC_SUCCESS);
+}
+
+} // namespace
+
 TEST_CASE("dereg_mr makes the memory private again and a late remote write fails",
 	  "[datapath][process][paths]")
 {
 	TargetProc t;
 	Node n;
-	REQUIRE(n.connect(t.qpn) == 0);
-	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
-	REQUIRE(t.line() == "ready\n");
-	std::memcpy(n.buf.data(), "before-the-dereg", 16);
-	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1) == 0);
+	connect_and_write(t, n, "before-the-dereg");
 	struct ibv_wc wc{};
-	REQUIRE(n.wait_wc(wc));
-	REQUIRE(wc.status == IBV_WC_SUCCESS);
 
 	t.send("dereg");
 	CHECK(t.line() == "dereged private\n");
@@ -729,14 +741,8 @@ TEST_CASE("dereg_mr ends while a peer keeps writing with the key, and the writes
 {
 	TargetProc t;
 	Node n;
-	REQUIRE(n.connect(t.qpn) == 0);
-	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
-	REQUIRE(t.line() == "ready\n");
-	std::memcpy(n.buf.data(), "while-the-dereg!", 16);
+	connect_and_write(t, n, "while-the-dereg!");
 	struct ibv_wc wc{};
-	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1) == 0);
-	REQUIRE(n.wait_wc(wc));
-	REQUIRE(wc.status == IBV_WC_SUCCESS);
 
 	t.send("dereg");
 	const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
