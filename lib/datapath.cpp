@@ -748,12 +748,25 @@ void drop_withdrawn_key(const KeySlot &slot)
 
 } // namespace
 
+void QpEngine::hold_target(shm::QpDesc &t)
+{
+	release_holds();
+	t.inflight.fetch_add(1, std::memory_order_seq_cst);
+	held_.inflight = &t;
+	held_.inflight_qpn = t.qpn;
+}
+
 void QpEngine::release_holds()
 {
 	held_.rkey.release();
 	held_.recv_key.release();
 	if (held_.inflight) {
-		held_.inflight->inflight.fetch_sub(1, std::memory_order_release);
+		/* Still the QP we counted in on, unless its destroy_qp gave up
+		 * waiting for us (this process stopped for over 2 s) and the
+		 * place now holds something else: not ours to count out. */
+		shm::QpDesc &t = *held_.inflight;
+		if (t.magic == shm::qp_magic && t.qpn == held_.inflight_qpn)
+			t.inflight.fetch_sub(1, std::memory_order_release);
 		held_.inflight = nullptr;
 	}
 }
@@ -956,11 +969,8 @@ bool QpEngine::progress()
 	/* The target's in-flight count, held while we touch its queues, CQ
 	 * or memory: taken once and kept across WRs and posts to one target
 	 * (held_), then `dead` checked for each. */
-	if (held_.inflight != t.desc) {
-		release_holds();
-		t.desc->inflight.fetch_add(1, std::memory_order_seq_cst);
-		held_.inflight = t.desc;
-	}
+	if (held_.inflight != t.desc)
+		hold_target(*t.desc);
 	if (t.desc->dead.load(std::memory_order_seq_cst)) {
 		release_holds(); /* its destroy waits for the count */
 		forget_object(device_, broker::ObjectKind::Qp, target_qpn);
@@ -1415,11 +1425,8 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 	if (!target_valid(target_qpn) || !target_.seg->alive())
 		return Direct::NotTaken;
 	shm::QpDesc &t = *target_.desc;
-	if (held_.inflight != &t) {
-		release_holds();
-		t.inflight.fetch_add(1, std::memory_order_seq_cst);
-		held_.inflight = &t;
-	}
+	if (held_.inflight != &t)
+		hold_target(t);
 	if (t.dead.load(std::memory_order_seq_cst))
 		return Direct::NotTaken;
 	const uint32_t tstate = t.state.load(std::memory_order_acquire);

@@ -346,6 +346,9 @@ private:
 	void ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key);
 	void flush_locked();
 	void snapshot_attr();
+	/* Takes target QP `t`'s in-flight count into held_ (sq_lock_ held),
+	 * letting go of what held_ had. */
+	void hold_target(shm::QpDesc &t);
 	/* Lets go of held_ (sq_lock_ held). */
 	void release_holds();
 	/* The end of a post (sq_lock_ held): held_ stays for the next post
@@ -415,6 +418,7 @@ private:
 	 * (both point into its segment). */
 	struct {
 		shm::QpDesc *inflight = nullptr;
+		uint32_t inflight_qpn = 0; /* the QP number counted in on */
 		HeldKey rkey;
 		HeldKey recv_key;
 		/* Posts that ended holding: written under sq_lock_, read by

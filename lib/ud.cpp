@@ -252,9 +252,7 @@ bool takes_messages(uint32_t st)
 		 * and posts (held_), then `dead` checked for each (seq_cst: the
 		 * Dekker pair with quiesce()). */
 		if (held_.inflight != t.desc) {
-			release_holds();
-			t.desc->inflight.fetch_add(1, std::memory_order_seq_cst);
-			held_.inflight = t.desc;
+			hold_target(*t.desc);
 			t.recv_checked = false;
 		}
 		if (!t.desc->dead.load(std::memory_order_seq_cst))
