@@ -104,7 +104,10 @@ void thread_main()
 			st.holding_grew = false;
 			hold_period = hold_sweep_period;
 			next_hold_sweep = std::min(next_hold_sweep, Clock::now() + hold_period);
-		} else if (!st.holding.empty() && Clock::now() >= next_hold_sweep) {
+		}
+		/* Not skipped when engines were just listed: a steady stream
+		 * of listings must not starve the sweep. */
+		if (!st.holding.empty() && Clock::now() >= next_hold_sweep) {
 			const size_t listed = st.holding.size();
 			for (auto it = st.holding.begin(); it != st.holding.end();)
 				it = (*it)->sweep_holds() ? std::next(it) : st.holding.erase(it);
