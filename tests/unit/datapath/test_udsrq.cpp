@@ -750,6 +750,27 @@ std::vector<struct ibv_wc> drain_recvs(struct ibv_cq *cq, int &sends)
 	return recv;
 }
 
+/* A third UD QP on the pair's CQ, reached by one SEND from `a` through
+ * `ah` (its receive 50; with `spare`, a second WQE stays in its ring) and
+ * then destroyed: its number, which the engine has just cached. */
+uint32_t reached_then_destroyed(UdPair &p, struct ibv_ah *ah, bool spare)
+{
+	struct ibv_qp *c = make_qp(p.d, p.cq, IBV_QPT_UD);
+	REQUIRE(c);
+	REQUIRE(to_rts(c, IBV_QPT_UD) == 0);
+	REQUIRE(post_rq(c, p.d.sge(4096, 256), 50) == 0);
+	if (spare)
+		REQUIRE(post_rq(c, p.d.sge(4096, 256), 51) == 0);
+	const uint32_t qpn = c->qp_num;
+	REQUIRE(send(p.a, p.d.sge(0, 8), 10, ah, qpn) == 0);
+	int sends = 0;
+	auto recv = drain_recvs(p.cq, sends);
+	REQUIRE(recv.size() == 1);
+	CHECK(recv[0].wr_id == 50);
+	REQUIRE(ibv_destroy_qp(c) == 0);
+	return qpn;
+}
+
 TEST_CASE("UD: each AH's DLID is routed afresh; one naming no port is lost", "[ud]")
 {
 	UdPair p;
@@ -783,27 +804,17 @@ TEST_CASE("UD: each AH's DLID is routed afresh; one naming no port is lost", "[u
 TEST_CASE("UD: a destroyed target is no longer reached, even right after it was", "[ud]")
 {
 	UdPair p;
-	struct ibv_qp *c = make_qp(p.d, p.cq, IBV_QPT_UD);
-	REQUIRE(c);
-	REQUIRE(to_rts(c, IBV_QPT_UD) == 0);
-	/* Two WQEs: the second stays in c's ring when c goes. */
-	REQUIRE(post_rq(c, p.d.sge(4096, 256), 50) == 0);
-	REQUIRE(post_rq(c, p.d.sge(4096, 256), 51) == 0);
 	struct ibv_ah *ah = p.ah(false);
 	REQUIRE(ah);
-	const uint32_t old = c->qp_num, b = p.b->qp_num;
-	REQUIRE(send(p.a, p.d.sge(0, 8), 10, ah, old) == 0);
+	/* A spare WQE stays in the old QP's ring when it goes. */
+	const uint32_t old = reached_then_destroyed(p, ah, true), b = p.b->qp_num;
 	int sends = 0;
-	auto recv = drain_recvs(p.cq, sends);
-	REQUIRE(recv.size() == 1);
-	CHECK(recv[0].wr_id == 50);
-	REQUIRE(ibv_destroy_qp(c) == 0);
 	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 60) == 0);
 	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 61) == 0);
 	/* old, b, old, b in one post: the target changes under the cache. */
 	REQUIRE(send_list(p.a, {p.d.sge(0, 8), p.d.sge(0, 8), p.d.sge(0, 8), p.d.sge(0, 8)},
 			  {ah, ah, ah, ah}, {old, b, old, b}) == 0);
-	recv = drain_recvs(p.cq, sends);
+	auto recv = drain_recvs(p.cq, sends);
 	CHECK(sends == 4);
 	REQUIRE(recv.size() == 2);
 	CHECK(recv[0].wr_id == 60);
@@ -849,7 +860,8 @@ TEST_CASE("UD: a target's Q_Key and state are read per message", "[ud]")
 	ibv_destroy_ah(ah);
 }
 
-TEST_CASE("UD: receive keys are checked per WQE across a post list and not held after it", "[ud]")
+TEST_CASE("UD: receive keys are checked per WQE across a post list; one kept does not hold up dereg_mr",
+	  "[ud]")
 {
 	UdPair p;
 	struct ibv_ah *ah = p.ah(false);
@@ -865,8 +877,8 @@ TEST_CASE("UD: receive keys are checked per WQE across a post list and not held 
 	auto sge_of = [](struct ibv_mr *mr, std::vector<char> &v) {
 		return ibv_sge{uint64_t(uintptr_t(v.data())), 256, mr->lkey};
 	};
-	/* A receive into mr2; its key must not stay held after the post,
-	 * or the dereg below would wait for it. */
+	/* A receive into mr2: the sender keeps its key held after the post
+	 * (held_.recv_key), and lets go when the dereg below withdraws it. */
 	REQUIRE(post_rq(p.b, sge_of(mr2, buf2), 1) == 0);
 	std::memcpy(p.d.buf.data(), "first-mr", 8);
 	REQUIRE(send(p.a, p.d.sge(0, 8), 10, ah, b) == 0);
@@ -1081,17 +1093,10 @@ TEST_CASE("UD: sends to a target whose process died complete at once and reach n
 TEST_CASE("UD: 20000 sends on to a destroyed QP complete and reach nobody", "[ud]")
 {
 	UdPair p;
-	struct ibv_qp *c = make_qp(p.d, p.cq, IBV_QPT_UD);
-	REQUIRE(c);
-	REQUIRE(to_rts(c, IBV_QPT_UD) == 0);
-	REQUIRE(post_rq(c, p.d.sge(4096, 256), 50) == 0);
 	struct ibv_ah *ah = p.ah(false);
 	REQUIRE(ah);
-	const uint32_t old = c->qp_num;
-	REQUIRE(send(p.a, p.d.sge(0, 8), 10, ah, old) == 0);
+	const uint32_t old = reached_then_destroyed(p, ah, false);
 	int sends = 0;
-	REQUIRE(drain_recvs(p.cq, sends).size() == 1);
-	REQUIRE(ibv_destroy_qp(c) == 0);
 	/* 20000 unsignaled sends, one signaled at the end. */
 	struct ibv_sge s = p.d.sge(0, 8);
 	struct ibv_send_wr wr{}, *bad = nullptr;
