@@ -81,18 +81,6 @@ KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
 	return acquire_remote_key(slots[index & (key_chunk_slots - 1)], key);
 }
 
-} // namespace dp
-
-const KeyRef &HeldKey::take(const PeerSegment &peer, uint32_t k)
-{
-	ref = dp::acquire_key(peer, k); /* releases the one held */
-	key = k;
-	seg = &peer;
-	return ref;
-}
-
-namespace dp {
-
 /* Local SGEs checked against our key table; iovecs of our memory. */
 enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct ibv_sge *sges,
 				int count, uint32_t access, std::vector<struct iovec> &out,
@@ -219,6 +207,14 @@ static bool rq_refilled(const PeerRq &q)
 } // namespace dp
 
 using namespace dp;
+
+const KeyRef &HeldKey::take(const PeerSegment &peer, uint32_t k)
+{
+	ref = acquire_key(peer, k); /* releases the one held */
+	key = k;
+	seg = &peer;
+	return ref;
+}
 
 namespace {
 
