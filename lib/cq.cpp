@@ -148,7 +148,7 @@ void fill_entry(shm::CqEntry &e, const Completion &c)
 	std::memcpy(wc_image(e), &c.wc, sizeof(c.wc));
 	/* Over ibv_wc's padding. */
 	e.solicited = c.solicited;
-	e.reserved = 0;
+	e.raised_event = 0;
 	e.timestamp_ns = c.timestamp_ns;
 }
 
@@ -273,6 +273,20 @@ namespace {
 	       claim_abandoned(ring, index, uint32_t(st & shm::cq_slot_pid_mask));
 }
 
+/* Whether the consumer stops before the entry `e`, whose completion event
+ * the application has not taken yet (`events_taken`: the CQ's count, or
+ * nullptr for a CQ without a channel). Only a stop, never a refusal: the
+ * entry is the first of the next poll call, so an application that arms
+ * and busy-polls without reading its events loses nothing, and the event
+ * it reads next still finds its completion (shm_layout.h CqRing). */
+[[gnu::always_inline]] inline bool held_back(const shm::CqRing &ring, const shm::CqEntry &e,
+					     const std::atomic<uint64_t> *events_taken)
+{
+	return e.raised_event && events_taken &&
+	       ring.fired.load(std::memory_order_relaxed) >
+		       events_taken->load(std::memory_order_relaxed);
+}
+
 /* The consumer's loop (the owner, under its CQ lock): copies out up to
  * `max` published completions, oldest first, with `decode(entry, i)`, and
  * returns how many. The slot at cons says it all: ready for cons (take
@@ -280,9 +294,12 @@ namespace {
  * when its producer died). Each slot is freed for the next lap as it is
  * copied; cons moves once, at the end (as libmlx5 rings the consumer
  * index once per poll): producers that read it meanwhile see less room,
- * never more. */
+ * never more. `continuing`: the call goes on with a batch that returned
+ * completions already (ibv_next_poll()), so even its first entry may be
+ * held back (held_back()). */
 template <typename Decode>
-int consume(shm::CqRing &ring, uint32_t capacity, int max, Decode &&decode)
+int consume(shm::CqRing &ring, uint32_t capacity, int max, const std::atomic<uint64_t> *events_taken,
+	    bool continuing, Decode &&decode)
 {
 	const unsigned lg = log2_of(capacity);
 	const uint64_t first = ring.cons.load(std::memory_order_relaxed);
@@ -295,6 +312,8 @@ int consume(shm::CqRing &ring, uint32_t capacity, int max, Decode &&decode)
 		 * `ready`; seq_cst as in surely_empty(). */
 		const uint64_t st = e->state.load(std::memory_order_seq_cst);
 		if (st == (shm::cq_slot_ready | tag)) {
+			if ((n || continuing) && held_back(ring, *e, events_taken)) [[unlikely]]
+				break;
 			decode(*e, n);
 			n++;
 		} else if ((st & shm::cq_slot_kind_mask) != shm::cq_slot_claimed ||
@@ -315,6 +334,13 @@ int consume(shm::CqRing &ring, uint32_t capacity, int max, Decode &&decode)
 	return n;
 }
 
+/* The CQ's count of events taken, for held_back(); nullptr without a
+ * channel (no event to wait for). */
+const std::atomic<uint64_t> *events_of(const Cq &cq)
+{
+	return cq.channel ? &cq.events_taken : nullptr;
+}
+
 /* Completions the ring holds (published or being written, from cons on).
  * Caller holds the CQ lock. */
 uint64_t occupied(const shm::CqRing &ring, uint32_t capacity)
@@ -333,7 +359,8 @@ uint64_t occupied(const shm::CqRing &ring, uint32_t capacity)
 
 bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
 {
-	return consume(ring, capacity, 1, [&](const shm::CqEntry &e, int) { read_entry(e, out); }) == 1;
+	return consume(ring, capacity, 1, nullptr, false,
+		       [&](const shm::CqEntry &e, int) { read_entry(e, out); }) == 1;
 }
 
 namespace {
@@ -367,17 +394,25 @@ void write_token(int fd)
 	[[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof(one));
 }
 
-/* Fires the CQ's event if the ring is armed for a completion of this kind:
- * whoever wins the CAS to "none" counts the event and writes the token. */
-void maybe_fire(shm::CqRing &ring, bool solicited, int channel_fd)
+/* Disarms the CQ if the ring is armed for a completion of this kind, and
+ * then counts the event: true for the one producer that won the CAS to
+ * "none", which writes the token. */
+bool disarm(shm::CqRing &ring, bool solicited)
 {
 	uint32_t arm = ring.arm.load(std::memory_order_seq_cst);
 	if (arm == shm::cq_arm_none || (arm == shm::cq_arm_solicited && !solicited))
-		return;
+		return false;
 	if (!ring.arm.compare_exchange_strong(arm, shm::cq_arm_none, std::memory_order_seq_cst))
-		return;
+		return false;
 	ring.fired.fetch_add(1, std::memory_order_seq_cst);
-	write_token(channel_fd);
+	return true;
+}
+
+void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
 }
 
 bool readable(int fd)
@@ -391,12 +426,13 @@ bool readable(int fd)
  * the CQ lock is taken by a successful start_poll() and released by
  * end_poll(); an empty CQ fails start_poll() with ENOENT and releases it.
  */
-bool load_current(Cq &cq)
+bool load_current(Cq &cq, bool continuing)
 {
 	/* What the read_* helpers report: the ibv_wc and the timestamp (the
 	 * other fields of `current` are never anything but zero). */
 	Completion &c = cq.current;
-	if (consume(*cq.ring, cq.capacity, 1, [&](const shm::CqEntry &e, int) {
+	if (consume(*cq.ring, cq.capacity, 1, events_of(cq), continuing,
+		    [&](const shm::CqEntry &e, int) {
 		    read_wc(e, c.wc);
 		    c.timestamp_ns = e.timestamp_ns;
 	    }) != 1)
@@ -418,7 +454,7 @@ int ex_start_poll(struct ibv_cq_ex *ibcq, struct ibv_poll_cq_attr *attr)
 		return ENOENT;
 	cq.lock.lock();
 	report_overrun(cq);
-	if (!load_current(cq)) {
+	if (!load_current(cq, false)) {
 		cq.lock.unlock();
 		return ENOENT;
 	}
@@ -429,7 +465,7 @@ int ex_start_poll(struct ibv_cq_ex *ibcq, struct ibv_poll_cq_attr *attr)
 int ex_next_poll(struct ibv_cq_ex *ibcq)
 {
 	Cq &cq = *Cq::from(ibcq);
-	return load_current(cq) ? 0 : ENOENT;
+	return load_current(cq, true) ? 0 : ENOENT;
 }
 
 void ex_end_poll(struct ibv_cq_ex *ibcq)
@@ -510,17 +546,6 @@ void install_poll_ops(struct ibv_cq_ex &ex, uint64_t wc_flags)
 
 thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
 
-namespace {
-
-void cpu_relax()
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
-}
-
-} // namespace
-
 void PollLock::lock_contended()
 {
 	/* A poll holds the lock for tens of nanoseconds: spin a little first
@@ -592,6 +617,7 @@ int destroy_comp_channel(CompChannel &ch)
 int get_cq_event(CompChannel &ch, Cq *&out)
 {
 	for (;;) {
+		Cq *taken = nullptr;
 		{
 			std::lock_guard guard(ch.lock);
 			/* Only token readers consume tokens, all under this
@@ -599,19 +625,23 @@ int get_cq_event(CompChannel &ch, Cq *&out)
 			if (readable(ch.ibv.fd)) {
 				for (Cq *cq : ch.cqs) {
 					if (cq->ring->fired.load(std::memory_order_acquire) <=
-					    cq->events_taken)
+					    cq->events_taken.load(std::memory_order_relaxed))
 						continue;
 					uint64_t token;
 					[[maybe_unused]] ssize_t n =
 						::read(ch.ibv.fd, &token, sizeof(token));
-					cq->events_taken++;
+					cq->events_taken.fetch_add(1, std::memory_order_relaxed);
 					pthread_mutex_lock(&cq->ibv.cq.mutex);
 					cq->comp_events_reported++;
 					pthread_mutex_unlock(&cq->ibv.cq.mutex);
-					out = cq;
-					return 0;
+					taken = cq;
+					break;
 				}
 			}
+		}
+		if (taken) {
+			out = taken;
+			return 0;
 		}
 		/* Nothing to take: behave as read() on the uverbs channel fd
 		 * does, according to the O_NONBLOCK flag the application may
@@ -799,7 +829,7 @@ int destroy_cq(Cq &cq)
 		std::lock_guard guard(ch->lock);
 		cq.detached = true;
 		std::erase(ch->cqs, &cq);
-		uint64_t undelivered = cq.ring->fired.load() - cq.events_taken;
+		uint64_t undelivered = cq.ring->fired.load() - cq.events_taken.load();
 		for (uint64_t i = 0; i < undelivered; i++) {
 			/* The token follows its `fired` increment at once;
 			 * bounded in case its producer died in between. */
@@ -850,7 +880,7 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	std::lock_guard guard(cq.lock);
 	if (cq.ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
 		report_overrun(cq);
-	return consume(*cq.ring, cq.capacity, num_entries,
+	return consume(*cq.ring, cq.capacity, num_entries, events_of(cq), false,
 		       [&](const shm::CqEntry &e, int i) { read_wc(e, wc[i]); });
 }
 
@@ -1021,10 +1051,15 @@ int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, 
 		e->state.store(ready, std::memory_order_release);
 		return 0;
 	}
-	/* Publish, then look at the arm: ordered against req_notify_cq's
-	 * store of the arm and its poll after it (shm_layout.h CqRing). */
+	/* Armed already: the entry carries its event, which is counted
+	 * before the consumer can see the entry (shm_layout.h CqRing). */
+	const bool raised = disarm(ring, sol);
+	e->raised_event = raised;
+	/* Publish, then look at the arm (again): ordered against
+	 * req_notify_cq's store of the arm and its poll after it. */
 	e->state.store(ready, std::memory_order_seq_cst);
-	maybe_fire(ring, sol, channel_fd);
+	if (raised || disarm(ring, sol))
+		write_token(channel_fd);
 	return 0;
 }
 
@@ -1075,7 +1110,7 @@ int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 		e.sl = 0;
 		e.dlid_path_bits = 0;
 		e.solicited = 0;
-		e.reserved = 0;
+		e.raised_event = 0;
 	};
 	bool overrun_now = false;
 	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false, fill,

@@ -178,8 +178,9 @@ struct Cq {
 	 * processes can fire; arm_lock only orders local moderation updates. */
 	std::mutex arm_lock;
 	/* Completion events taken by ibv_get_cq_event(), under channel->lock;
-	 * compared with ring->fired. */
-	uint64_t events_taken = 0;
+	 * compared with ring->fired (also by the consumer, without that lock,
+	 * to hold back an entry whose event is unread: held_back()). */
+	std::atomic<uint64_t> events_taken{0};
 
 	/* Completion events handed out by ibv_get_cq_event(); acknowledged
 	 * ones are counted in ibv.cq.comp_events_completed. Both under

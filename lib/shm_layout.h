@@ -213,7 +213,9 @@ struct CqEntry {
 	uint8_t sl;
 	uint8_t dlid_path_bits;
 	uint8_t solicited;   /* IBV_SEND_SOLICITED was set */
-	uint8_t reserved;
+	/* 1: this entry raised the CQ's completion event (its producer
+	 * disarmed the CQ before publishing it; see CqRing). */
+	uint8_t raised_event;
 	/* CLOCK_MONOTONIC ns; meaningful only in rings whose CQ reports
 	 * completion timestamps (CqRing::timestamps), the only ones whose
 	 * producers are bound to write it. */
@@ -271,6 +273,14 @@ enum CqArmWord : uint32_t { cq_arm_none = 0, cq_arm_solicited = 1, cq_arm_next =
  * before that look (seq_cst store of the state, against req_notify_cq's
  * seq_cst store of `arm` and its later poll): without a channel no event
  * can be delivered and the release store suffices.
+ * A producer that finds the CQ armed before it publishes disarms it, bumps
+ * `fired` and marks its entry (`raised_event`) first, then publishes and
+ * writes the token; one that finds it armed only after publishing (the
+ * arm came meanwhile) fires unmarked. The consumer returns a marked entry
+ * whose event is still unread only as the first of a poll call or batch,
+ * so that an application that drains a bounded number of completions per
+ * event does not take, in the drain after one event, the completion of
+ * the next (which would leave that event with nothing to poll).
  */
 struct CqRing {
 	uint32_t magic;

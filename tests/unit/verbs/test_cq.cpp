@@ -511,6 +511,84 @@ TEST_CASE("solicited-only arming wakes on solicited and failed completions", "[c
 	CHECK(ibv_destroy_comp_channel(ch) == 0);
 }
 
+/*
+ * rdma-core's rc_pingpong -e -t: after each event it re-arms, then polls at
+ * most two completions (start_poll, one next_poll) and fails if the next
+ * event finds none. A completion that arrives after the re-arm raises the
+ * next event, so the drain must leave it to that event.
+ */
+TEST_CASE("a drain after one event leaves the completion of the next event", "[channel][poll]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq_init_attr_ex attr{};
+	attr.cqe = 16;
+	attr.channel = ch;
+	attr.wc_flags = IBV_WC_STANDARD_FLAGS;
+	struct ibv_cq_ex *ex = ibv_create_cq_ex(d.ctx, &attr);
+	REQUIRE(ex);
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(ex);
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	auto inject = [&](uint64_t wr_id) {
+		struct ibv_wc wc = make_wc(wr_id);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	};
+	auto take_event = [&] {
+		REQUIRE(readable(ch->fd, 1000));
+		REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+		CHECK(ev_cq == cq);
+		ibv_ack_cq_events(ev_cq, 1);
+	};
+	struct ibv_poll_cq_attr pattr{};
+
+	REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+	inject(1);
+	take_event();
+	REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+	inject(2); /* after the re-arm: raises the next event */
+
+	SECTION("ibv_start_poll batch")
+	{
+		REQUIRE(ibv_start_poll(ex, &pattr) == 0);
+		CHECK(ex->wr_id == 1);
+		CHECK(ibv_next_poll(ex) == ENOENT);
+		ibv_end_poll(ex);
+		take_event();
+		REQUIRE(ibv_start_poll(ex, &pattr) == 0);
+		CHECK(ex->wr_id == 2);
+		CHECK(ibv_next_poll(ex) == ENOENT);
+		ibv_end_poll(ex);
+	}
+	SECTION("ibv_poll_cq")
+	{
+		struct ibv_wc wc[4];
+		REQUIRE(ibv_poll_cq(cq, 4, wc) == 1);
+		CHECK(wc[0].wr_id == 1);
+		take_event();
+		REQUIRE(ibv_poll_cq(cq, 4, wc) == 1);
+		CHECK(wc[0].wr_id == 2);
+	}
+	SECTION("a poller that never reads the event still gets every completion")
+	{
+		struct ibv_wc wc[4];
+		inject(3); /* disarmed: no event */
+		REQUIRE(ibv_poll_cq(cq, 4, wc) == 1);
+		CHECK(wc[0].wr_id == 1);
+		/* First of its poll call: returned although its event is
+		 * unread, with what follows it. */
+		REQUIRE(ibv_poll_cq(cq, 4, wc) == 2);
+		CHECK(wc[0].wr_id == 2);
+		CHECK(wc[1].wr_id == 3);
+		take_event(); /* still there, for a completion polled already */
+		CHECK(ibv_poll_cq(cq, 4, wc) == 0);
+	}
+	CHECK_FALSE(readable(ch->fd, 0));
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
 TEST_CASE("ibv_destroy_comp_channel is EBUSY while a CQ uses it", "[channel][destroy]")
 {
 	Device d;
