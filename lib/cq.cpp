@@ -415,6 +415,44 @@ void cpu_relax()
 #endif
 }
 
+/*
+ * Before ibv_get_cq_event() hands out an event: waits while the oldest
+ * completion's slot is claimed by a producer that has not published it.
+ * Slots are polled in the order they were claimed, so the completion that
+ * raised the event may sit behind one whose producer (another process,
+ * maybe preempted between its claim and its publication) is still
+ * writing it; the poll that follows the event would then find nothing,
+ * where a device has written its CQEs in order before its event. The
+ * wait is one for a write already under way: it ends when the slot is
+ * published, when a poll moved past it, when its producer is found dead,
+ * or after a second at most (a producer stopped by a debugger).
+ */
+void wait_head_published(const Cq &cq)
+{
+	const shm::CqRing &ring = *cq.ring;
+	const unsigned lg = log2_of(cq.capacity);
+	const uint64_t c = ring.cons.load(std::memory_order_acquire);
+	const shm::CqEntry *e = slot_at(ring, cq.capacity, c);
+	const uint64_t tag = shm::cq_slot_tag(c, lg);
+	const uint64_t deadline = monotonic_ns() + 1000000000ull;
+	for (unsigned round = 0;; round++) {
+		const uint64_t st = e->state.load(std::memory_order_acquire);
+		if ((st & shm::cq_slot_kind_mask) != shm::cq_slot_claimed ||
+		    (st & shm::cq_slot_tag_mask) != tag || ring.cons.load(std::memory_order_relaxed) != c)
+			return;
+		if (round < 64) {
+			cpu_relax();
+			continue;
+		}
+		if (claim_abandoned(ring, c, uint32_t(st & shm::cq_slot_pid_mask)) ||
+		    monotonic_ns() > deadline)
+			return;
+		/* The producer is off its CPU: give it ours. */
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, nullptr);
+	}
+}
+
 bool readable(int fd)
 {
 	struct pollfd p = {fd, POLLIN, 0};
@@ -640,6 +678,7 @@ int get_cq_event(CompChannel &ch, Cq *&out)
 			}
 		}
 		if (taken) {
+			wait_head_published(*taken);
 			out = taken;
 			return 0;
 		}

@@ -9,13 +9,16 @@
 
 #include "cq.h"
 
+#include <sys/eventfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -279,4 +282,63 @@ TEST_CASE("CQ ring: concurrent producers over many laps: every completion once, 
 	CHECK(total == producers * per_producer);
 	CHECK_FALSE(cq_ring_consume(*r.ring, r.capacity, c));
 	CHECK(r.ring->overrun.load() == 0);
+}
+
+/*
+ * A producer that claimed the oldest slot and is still writing it (in
+ * another process, preempted) while a later one publishes and raises the
+ * event: the event is handed out once the oldest slot is published, so
+ * that the poll after it finds a completion (rc_pingpong -e -t fails on
+ * an empty CQ after an event).
+ */
+TEST_CASE("CQ ring: an event waits for a slot claimed before the completion that raised it",
+	  "[cqring][channel]")
+{
+	using namespace std::chrono_literals;
+	RingMem r(8);
+	Cq cq{};
+	cq.ring = r.ring;
+	cq.capacity = r.capacity;
+	CompChannel ch{};
+	ch.ibv.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+	REQUIRE(ch.ibv.fd >= 0);
+	ch.cqs.push_back(&cq);
+	r.ring->arm.store(shm::cq_arm_next);
+	auto get_event = [&] {
+		return std::async(std::launch::async, [&] {
+			Cq *got = nullptr;
+			int rc = get_cq_event(ch, got);
+			return std::make_pair(rc, got);
+		});
+	};
+
+	SECTION("the claim's producer publishes")
+	{
+		r.claim_as(uint32_t(getpid()));
+		Completion c{};
+		c.wc.wr_id = 2;
+		REQUIRE(cq_ring_produce(*r.ring, r.capacity, c, ch.ibv.fd) == 0);
+		auto waiter = get_event();
+		CHECK(waiter.wait_for(100ms) == std::future_status::timeout);
+		r.slot(0).wr_id = 1;
+		r.slot(0).state.store(shm::cq_slot_ready | shm::cq_slot_tag(0, 3));
+		REQUIRE(waiter.wait_for(5s) == std::future_status::ready);
+		auto [rc, got] = waiter.get();
+		CHECK(rc == 0);
+		CHECK(got == &cq);
+		CHECK(r.drain() == std::vector<uint64_t>{1, 2});
+	}
+	SECTION("the claim's producer is dead: no wait")
+	{
+		r.claim_as(dead_pid());
+		Completion c{};
+		c.wc.wr_id = 2;
+		REQUIRE(cq_ring_produce(*r.ring, r.capacity, c, ch.ibv.fd) == 0);
+		/* Well before the wait's bound of a second. */
+		auto waiter = get_event();
+		REQUIRE(waiter.wait_for(500ms) == std::future_status::ready);
+		CHECK(waiter.get().first == 0);
+		CHECK(r.drain() == std::vector<uint64_t>{2});
+	}
+	::close(ch.ibv.fd);
 }
