@@ -630,7 +630,10 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 	bool fatal = false, queued = false, list = false;
 	{
 		std::lock_guard guard(sq_lock_);
-		if (sq_.size() + batch.size() > qp_.core->caps.created.max_send_wr)
+		/* empty() first, as in post_send(): a deque's size() is
+		 * arithmetic on its map. */
+		if ((sq_.empty() ? 0 : sq_.size()) + batch.size() >
+		    qp_.core->caps.created.max_send_wr)
 			return ENOMEM;
 		for (SendWr &w : batch) {
 			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR) {
