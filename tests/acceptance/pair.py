@@ -95,14 +95,19 @@ def main():
                 print(stop(client))
                 return 1
             client_attempts.append(client_out)
+            # Only a client that never reached the server tries again
+            # (perftest and the pingpongs: "Couldn't connect to HOST:PORT").
             if client.returncode == 0 or server.poll() is not None or \
-                    "connect" not in client_out.lower() or time.monotonic() > deadline:
+                    "couldn't connect to" not in client_out.lower() or \
+                    time.monotonic() > deadline:
                 break
         try:
             server_out, _ = server.communicate(timeout=max(1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             server_out = stop(server) + "\n(server timed out)"
         print("--- server output\n" + server_out)
+        for i, out in enumerate(client_attempts[:-1]):
+            print(f"--- client output (attempt {i + 1}, retried)\n" + out)
         print("--- client output\n" + client_out)
         reports = [("server", r) for r in sanitizer_reports(server_out)] + \
             [("client", r) for out in client_attempts for r in sanitizer_reports(out)]

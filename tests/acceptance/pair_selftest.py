@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: MIT
 """pair.py's own judgement: a pair whose programs exit 0 but print a
 sanitizer report (server or client side, each runtime's marker) must fail
-and show the report; a clean pair must pass. The programs are a stand-in
-script, so this needs neither Debian's binaries nor a sanitizer build.
+and show the report; a clean pair must pass. A client that could not
+reach the server yet is run again; one that failed after reaching it is
+not, and its output is shown. The programs are a stand-in script, so this
+needs neither Debian's binaries nor a sanitizer build.
 
   pair_selftest.py PAIR_PY DROPIN_DIR PRELOAD_LIB BROKER
 """
@@ -16,8 +18,27 @@ from shmv_acceptance import Checker
 
 # Server: `prog -p PORT`; client: the same plus 127.0.0.1 (pair.py).
 FAKE = """#!/usr/bin/env python3
-import os, sys
+import os, sys, time
 side = "client" if sys.argv[-1] == "127.0.0.1" else "server"
+runs = os.environ.get("FAKE_CLIENT_RUNS")
+if side == "server" and runs:
+    # Stays up (2 s at most) until a client has succeeded, as a
+    # perftest server waits for its client.
+    for _ in range(200):
+        if os.path.exists(runs + ".ok"):
+            break
+        time.sleep(0.01)
+if side == "client" and runs:
+    with open(runs, "a") as f:
+        f.write("x")
+    n = len(open(runs).read())
+    if os.environ.get("FAKE_CLIENT_FAIL"):
+        print(os.environ["FAKE_CLIENT_FAIL"])
+        sys.exit(1)
+    if n == 1:
+        print("Couldn't connect to 127.0.0.1:1")
+        sys.exit(1)
+    open(runs + ".ok", "w").close()
 print(side, "ran")
 if os.environ.get("FAKE_REPORT_SIDE") == side:
     print(os.environ["FAKE_REPORT"])
@@ -61,6 +82,28 @@ def main():
                 check.check(f"{name}: the report ends at the blank line",
                             "--- sanitizer report" in r.stdout and
                             r.stdout.split("--- sanitizer report")[1].count("after the report") == 0,
+                            r.stdout)
+        # Retries: the client's attempts are counted in a file.
+        for name, fail, want, attempts in [
+                ("not listening yet", None, 0, 2),
+                ("failed after connecting", "Failed to close connection between server and client",
+                 1, 1)]:
+            runs = os.path.join(tmp, name.replace(" ", "-"))
+            env = dict(os.environ, FAKE_CLIENT_RUNS=runs)
+            if fail:
+                env["FAKE_CLIENT_FAIL"] = fail
+            r = subprocess.run([sys.executable, pair_py, "real", dropin, preload, broker, prog],
+                               env=env, capture_output=True, text=True, timeout=60)
+            check.check(f"{name}: exit {want}", r.returncode == want,
+                        f"exit {r.returncode}\n{r.stdout}{r.stderr}")
+            got = len(open(runs).read()) if os.path.exists(runs) else 0
+            check.check(f"{name}: the client ran {attempts} time(s)", got == attempts,
+                        f"{got} runs\n{r.stdout}")
+            if fail:
+                check.check(f"{name}: its output is shown", fail in r.stdout, r.stdout)
+            else:
+                check.check(f"{name}: the first attempt's output is shown",
+                            "--- client output (attempt 1, retried)\nCouldn't connect" in r.stdout,
                             r.stdout)
     check.finish()
 
