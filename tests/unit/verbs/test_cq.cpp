@@ -21,11 +21,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct ibv_cq_ex *create_cq_ex(struct ibv_context *ctx, uint64_t wc_flags, uint32_t cqe = 16)
+struct ibv_cq_ex *create_cq_ex(struct ibv_context *ctx, uint64_t wc_flags, uint32_t cqe = 16,
+			       struct ibv_comp_channel *channel = nullptr)
 {
 	struct ibv_cq_init_attr_ex attr{};
 	attr.cqe = cqe;
 	attr.wc_flags = wc_flags;
+	attr.channel = channel;
 	return ibv_create_cq_ex(ctx, &attr);
 }
 
@@ -522,11 +524,7 @@ TEST_CASE("a drain after one event leaves the completion of the next event", "[c
 	Device d;
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
 	REQUIRE(ch);
-	struct ibv_cq_init_attr_ex attr{};
-	attr.cqe = 16;
-	attr.channel = ch;
-	attr.wc_flags = IBV_WC_STANDARD_FLAGS;
-	struct ibv_cq_ex *ex = ibv_create_cq_ex(d.ctx, &attr);
+	struct ibv_cq_ex *ex = create_cq_ex(d.ctx, IBV_WC_STANDARD_FLAGS, 16, ch);
 	REQUIRE(ex);
 	struct ibv_cq *cq = ibv_cq_ex_to_cq(ex);
 	struct ibv_cq *ev_cq;
