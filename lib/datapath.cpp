@@ -494,8 +494,7 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 	w.wr_id = wr->wr_id;
 	w.send_flags = wr->send_flags;
 	w.imm_data = wr->imm_data;
-	w.sge.clear();
-	w.inline_data.clear();
+	w.reset_rest();
 	if (wr->send_flags & IBV_SEND_INLINE) {
 		size_t total = 0;
 		for (int i = 0; i < wr->num_sge; i++)
@@ -510,17 +509,12 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 	}
 	w.remote_addr = wr->wr.rdma.remote_addr;
 	w.rkey = wr->wr.rdma.rkey;
-	w.compare_add = 0;
-	w.swap = 0;
 	if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
 		w.remote_addr = wr->wr.atomic.remote_addr;
 		w.rkey = wr->wr.atomic.rkey;
 		w.compare_add = wr->wr.atomic.compare_add;
 		w.swap = wr->wr.atomic.swap;
 	}
-	w.remote_qpn = 0;
-	w.remote_qkey = 0;
-	w.xrc_srqn = 0;
 	if (type_ == IBV_QPT_UD) {
 		struct ibv_ah *ah = wr->wr.ud.ah;
 		/* Our own context is the common case: a pointer compare (to_context()
@@ -533,10 +527,6 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 	}
 	if (type_ == IBV_QPT_XRC_SEND)
 		w.xrc_srqn = wr->qp_type.xrc.remote_srqn;
-	w.rnr_left = -1;
-	w.not_before = {};
-	w.give_up = {};
-	w.peer_dead = false;
 	return 0;
 }
 
@@ -621,7 +611,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 	return err;
 }
 
-int QpEngine::submit(std::vector<SendWr> &batch)
+int QpEngine::submit(std::span<SendWr> batch)
 {
 	int st = state_.load();
 	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
@@ -653,7 +643,6 @@ int QpEngine::submit(std::vector<SendWr> &batch)
 	}
 	if (list)
 		progress_hold(this);
-	batch.clear();
 	if (fatal)
 		qp_async_error(qp_, IBV_QPS_ERR);
 	else if (queued && progress())

@@ -219,15 +219,41 @@ struct SendWr {
 	std::chrono::steady_clock::time_point rnr_look{};
 	std::chrono::steady_clock::time_point give_up{}; /* dead peer: RETRY_EXC_ERR then */
 	bool peer_dead = false;
+
+	/* Everything but the four fields above that every maker sets, as a
+	 * SendWr made anew has it: for one reused (scratch_, an ibv_qp_ex
+	 * batch's). */
+	void reset_rest()
+	{
+		sge.clear();
+		inline_data.clear();
+		remote_addr = 0;
+		rkey = 0;
+		compare_add = 0;
+		swap = 0;
+		remote_qpn = 0;
+		remote_qkey = 0;
+		xrc_srqn = 0;
+		ah_attr = {};
+		rnr_left = -1;
+		not_before = {};
+		rnr_look = {};
+		give_up = {};
+		peer_dead = false;
+	}
 };
 
 /* The ibv_qp_ex batch of a QP (lib/qp_ex.cpp): the WRs built between
- * ibv_wr_start() and ibv_wr_complete(); `lock` is held from start to
- * complete/abort, as libmlx5 holds its SQ lock. `err` latches the first
- * builder error, returned by wr_complete (which then posts nothing). */
+ * ibv_wr_start() and ibv_wr_complete(), the first `count` of `wrs` (the
+ * others are kept made, to be reused: a message of ib_write_bw builds one,
+ * and making and destroying a SendWr for each cost ~40 instructions);
+ * `lock` is held from start to complete/abort, as libmlx5 holds its SQ
+ * lock. `err` latches the first builder error, returned by wr_complete
+ * (which then posts nothing). */
 struct QpExBatch {
 	FastMutex lock;
 	std::vector<SendWr> wrs;
+	size_t count = 0;
 	int err = 0;
 };
 
@@ -245,8 +271,9 @@ public:
 	int post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 	/* Appends a whole batch of built WRs (ibv_qp_ex) or nothing: EINVAL in
 	 * a state that does not allow posting, ENOMEM when the send queue
-	 * cannot take all of them. Empties `batch` on success. */
-	int submit(std::vector<SendWr> &batch);
+	 * cannot take all of them. WRs that wait are moved into the queue:
+	 * the batch's SendWrs are left to be reused (SendWr::reset_rest()). */
+	int submit(std::span<SendWr> batch);
 
 	QpExBatch wr_batch;
 

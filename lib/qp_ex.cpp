@@ -58,15 +58,18 @@ SendWr *begin(struct ibv_qp_ex *q, enum ibv_wr_opcode opcode)
 	QpExBatch *b = batch_of(q);
 	if (!b)
 		return nullptr;
-	if (b->wrs.size() >= caps_of(q).created.max_send_wr) {
+	if (b->count >= caps_of(q).created.max_send_wr) {
 		latch(*b, ENOMEM); /* the queue overflows */
 		return nullptr;
 	}
-	SendWr &w = b->wrs.emplace_back();
+	if (b->count == b->wrs.size())
+		b->wrs.emplace_back();
+	SendWr &w = b->wrs[b->count++];
 	w.opcode = opcode;
 	w.wr_id = q->wr_id;
 	w.send_flags = q->wr_flags & ~unsigned(IBV_SEND_INLINE); /* inline comes from the setter */
 	w.imm_data = 0;
+	w.reset_rest();
 	return &w;
 }
 
@@ -77,11 +80,11 @@ SendWr *current(struct ibv_qp_ex *q)
 	QpExBatch *b = batch_of(q);
 	if (!b)
 		return nullptr;
-	if (b->wrs.empty()) {
+	if (!b->count) {
 		latch(*b, EINVAL);
 		return nullptr;
 	}
-	return &b->wrs.back();
+	return &b->wrs[b->count - 1];
 }
 
 void wr_start(struct ibv_qp_ex *q)
@@ -90,7 +93,7 @@ void wr_start(struct ibv_qp_ex *q)
 	if (!b)
 		return;
 	b->lock.lock();
-	b->wrs.clear();
+	b->count = 0;
 	b->err = 0;
 }
 
@@ -105,8 +108,8 @@ int wr_complete(struct ibv_qp_ex *q)
 	if (!err && Context::from(q->qp_base.context)->inherited.load(std::memory_order_relaxed))
 		err = EIO;
 	if (!err)
-		err = e->submit(b.wrs);
-	b.wrs.clear();
+		err = e->submit(std::span(b.wrs.data(), b.count));
+	b.count = 0;
 	b.err = 0;
 	b.lock.unlock();
 	return err;
@@ -117,7 +120,7 @@ void wr_abort(struct ibv_qp_ex *q)
 	QpExBatch *b = batch_of(q);
 	if (!b)
 		return;
-	b->wrs.clear();
+	b->count = 0;
 	b->err = 0;
 	b->lock.unlock();
 }

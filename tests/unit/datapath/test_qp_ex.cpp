@@ -264,6 +264,52 @@ TEST_CASE("qp_ex: a builder error is latched, wr_complete returns it and posts n
 	}
 }
 
+/* The batch keeps its WRs made between batches (QpExBatch): a WR built
+ * where an earlier one was must start empty. */
+TEST_CASE("qp_ex: a WR built in a later batch carries nothing of an earlier one", "[qpex]")
+{
+	Pair p(rc_options());
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	struct ibv_qp_ex *q = a.qpx;
+	std::memcpy(a.at(0), "sge-first-wr!!!", 16);
+	std::memcpy(a.at(64), "sge-second-wr!!", 16);
+	std::memcpy(a.at(128), "sge-third-wr!!!", 16);
+	char inl[] = "inline-first!!!";
+	constexpr uint64_t no_setter = ~0ull;
+	auto write = [&](uint64_t wr_id, uint64_t to, const char *data, uint64_t from) {
+		ibv_wr_start(q);
+		q->wr_id = wr_id;
+		q->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(q, b.mr->rkey, b.addr(to));
+		if (data)
+			ibv_wr_set_inline_data(q, const_cast<char *>(data), 16);
+		else if (from != no_setter)
+			ibv_wr_set_sge(q, a.mr->lkey, a.addr(from), 16);
+		REQUIRE(ibv_wr_complete(q) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.wr_id == wr_id);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+	};
+	write(1, 0, inl, 0);
+	write(2, 64, nullptr, 0);
+	write(3, 128, nullptr, 64);
+	write(4, 256, inl, 0);
+	write(5, 320, nullptr, 128);
+	/* No data setter: a WRITE of nothing, not WR 5's SGE again. */
+	write(6, 384, nullptr, no_setter);
+	write(7, 448, inl, 0);
+	write(8, 512, nullptr, no_setter); /* nor WR 7's inline data */
+	CHECK(std::memcmp(b.at(0), "inline-first!!!", 16) == 0);
+	CHECK(std::memcmp(b.at(64), "sge-first-wr!!!", 16) == 0);
+	CHECK(std::memcmp(b.at(128), "sge-second-wr!!", 16) == 0);
+	CHECK(std::memcmp(b.at(256), "inline-first!!!", 16) == 0);
+	CHECK(std::memcmp(b.at(320), "sge-third-wr!!!", 16) == 0);
+	CHECK(b.at(384)[0] == 0);
+	CHECK(b.at(512)[0] == 0);
+}
+
 TEST_CASE("qp_ex: wr_abort discards the batch", "[qpex]")
 {
 	Pair p(rc_options());
