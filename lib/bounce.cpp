@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -255,12 +256,16 @@ int BounceClient::claim(BounceSlot *&slot)
 	}
 }
 
-int BounceClient::submit(BounceSlot *slot)
+void BounceClient::post(BounceSlot *slot)
 {
 	auto *h = reinterpret_cast<BounceHeader *>(base_);
 	slot->phase.store(kPhaseRequest, std::memory_order_release);
 	h->doorbell.fetch_add(1, std::memory_order_release);
 	futex_wake(&h->doorbell, 1);
+}
+
+int BounceClient::wait(BounceSlot *slot)
+{
 	const uint64_t deadline = now_ns() + uint64_t{timeout_ms_} * 1000000;
 	for (;;) {
 		uint32_t ph = slot->phase.load(std::memory_order_acquire);
@@ -285,57 +290,86 @@ int BounceClient::submit(BounceSlot *slot)
 	}
 }
 
-namespace {
-void release(BounceSlot *s) { s->owner.store(0, std::memory_order_release); }
-} // namespace
+int BounceClient::let_go(BounceSlot *slot, int err)
+{
+	if (err != EPIPE && err != ESTALE)
+		slot->owner.store(0, std::memory_order_release);
+	return err == ESTALE ? ETIMEDOUT : err;
+}
+
+template <typename Fill, typename Done>
+int BounceClient::transfer(size_t len, Fill &&fill, Done &&done)
+{
+	/* Half the slots at most, so that other initiators of this target
+	 * still find some free. */
+	constexpr uint32_t kMaxInFlight = 8;
+	struct Chunk {
+		BounceSlot *slot;
+		size_t off, n;
+	} q[kMaxInFlight];
+	const uint32_t depth = std::clamp(nslots_ / 2, 1u, kMaxInFlight);
+	uint32_t head = 0, count = 0;
+	int err = 0;
+	auto retire = [&] {
+		Chunk &c = q[head];
+		int e = wait(c.slot);
+		if (!e)
+			done(c.slot, c.off, c.n);
+		e = let_go(c.slot, e);
+		if (!err)
+			err = e;
+		head = (head + 1) % depth;
+		count--;
+	};
+	for (size_t off = 0; off < len && !err;) {
+		const size_t n = std::min<size_t>(len - off, slot_size_);
+		/* The queue is full, or this is the last chunk and it must
+		 * land after the others. */
+		if (count == depth || (off + n == len && count)) {
+			retire();
+			continue;
+		}
+		BounceSlot *s;
+		if ((err = claim(s)))
+			break;
+		fill(s, off, n);
+		post(s);
+		q[(head + count) % depth] = {s, off, n};
+		count++;
+		off += n;
+	}
+	while (count)
+		retire();
+	return err;
+}
 
 int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len)
 {
 	auto *p = static_cast<const char *>(src);
-	while (len > 0) {
-		size_t n = std::min<size_t>(len, c.slot_size_);
-		BounceSlot *s;
-		if (int err = c.claim(s))
-			return err;
-		s->op = uint32_t(BounceOp::write);
-		s->addr = va;
-		s->len = n;
-		std::memcpy(reinterpret_cast<char *>(s + 1), p, n);
-		int err = c.submit(s);
-		if (err != EPIPE && err != ESTALE)
-			release(s);
-		if (err)
-			return err == ESTALE ? ETIMEDOUT : err;
-		p += n;
-		va += n;
-		len -= n;
-	}
-	return 0;
+	return c.transfer(
+		len,
+		[&](BounceSlot *s, size_t off, size_t n) {
+			s->op = uint32_t(BounceOp::write);
+			s->addr = va + off;
+			s->len = n;
+			std::memcpy(reinterpret_cast<char *>(s + 1), p + off, n);
+		},
+		[](BounceSlot *, size_t, size_t) {});
 }
 
 int bounce_read(BounceClient &c, void *dst, uint64_t va, size_t len)
 {
 	auto *p = static_cast<char *>(dst);
-	while (len > 0) {
-		size_t n = std::min<size_t>(len, c.slot_size_);
-		BounceSlot *s;
-		if (int err = c.claim(s))
-			return err;
-		s->op = uint32_t(BounceOp::read);
-		s->addr = va;
-		s->len = n;
-		int err = c.submit(s);
-		if (!err)
-			std::memcpy(p, reinterpret_cast<char *>(s + 1), n);
-		if (err != EPIPE && err != ESTALE)
-			release(s);
-		if (err)
-			return err == ESTALE ? ETIMEDOUT : err;
-		p += n;
-		va += n;
-		len -= n;
-	}
-	return 0;
+	return c.transfer(
+		len,
+		[&](BounceSlot *s, size_t off, size_t n) {
+			s->op = uint32_t(BounceOp::read);
+			s->addr = va + off;
+			s->len = n;
+		},
+		[&](BounceSlot *s, size_t off, size_t n) {
+			std::memcpy(p + off, reinterpret_cast<char *>(s + 1), n);
+		});
 }
 
 int bounce_atomic(BounceClient &c, BounceOp op, uint64_t va, uint64_t operand, uint64_t compare,
@@ -351,12 +385,11 @@ int bounce_atomic(BounceClient &c, BounceOp op, uint64_t va, uint64_t operand, u
 	s->len = 8;
 	s->operand = operand;
 	s->compare = compare;
-	int err = c.submit(s);
+	c.post(s);
+	int err = c.wait(s);
 	if (!err && old)
 		*old = s->result;
-	if (err != EPIPE && err != ESTALE)
-		release(s);
-	return err == ESTALE ? ETIMEDOUT : err;
+	return c.let_go(s, err);
 }
 
 } // namespace shmverbs::memshare

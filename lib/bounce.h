@@ -7,8 +7,13 @@
  * An initiator claims a free slot, fills in a request (and the data of a
  * write), rings the doorbell (futex), and waits on the slot; the target's
  * helper thread (BounceServer) copies between the slot and its own memory, or
- * does the atomic, and completes the slot. One futex wake-up per operation:
- * ~1000x the shared-memory floor; correct everywhere.
+ * does the atomic, and completes the slot. A transfer longer than a slot
+ * keeps several chunks in flight (up to half the slots), so the helper, once
+ * woken, serves them one after the other while the initiator fills the
+ * next: a futex wake-up per burst rather than per chunk. Its last chunk is
+ * posted only after every earlier one is done, so the last byte of a write
+ * lands last (applications poll it). ~1000x the shared-memory floor per
+ * small operation; correct everywhere.
  *
  * No lock lives in the shared file. A slot is owned by the initiator whose pid
  * its owner word holds; a slot owned by a dead process is reclaimed by the
@@ -139,9 +144,19 @@ private:
 	BounceClient() = default;
 	/* Claims a slot: 0, or ETIMEDOUT / EPIPE (target gone). */
 	int claim(BounceSlot *&slot);
-	/* Submits the filled-in slot and waits for it: the slot's status. The
-	 * slot is released unless the target died with it. */
-	int submit(BounceSlot *slot);
+	/* Hands the filled-in slot to the helper. */
+	void post(BounceSlot *slot);
+	/* Waits for a posted slot: its status, EPIPE (target gone) or ESTALE
+	 * (the helper is stuck in it). */
+	int wait(BounceSlot *slot);
+	/* Lets go of a waited-for slot, unless the target died with it or its
+	 * helper still holds it; the error to report (ESTALE: ETIMEDOUT). */
+	int let_go(BounceSlot *slot, int err);
+	/* Moves `len` bytes in slot-size chunks, pipelined (see the top of this
+	 * file): fill(slot, offset, n) writes a chunk's request, done(slot,
+	 * offset, n) takes a finished one's data. The first error. */
+	template <typename Fill, typename Done>
+	int transfer(size_t len, Fill &&fill, Done &&done);
 	BounceSlot *slot_at(uint32_t i) const;
 
 	char *base_ = nullptr;

@@ -9,10 +9,13 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <thread>
+#include <vector>
 
 using namespace shmverbs::memshare;
 using namespace memshare_test;
@@ -208,4 +211,141 @@ TEST_CASE("a bounce file with a bad header is refused", "[bounce]")
 	close(fd);
 	CHECK(BounceServer::create(0, 64).error() == EINVAL);
 	CHECK(BounceServer::create(4, 100).error() == EINVAL);
+}
+
+namespace {
+
+/* What the helper saw, from its Validate hook: called for each request
+ * before the copy, with that slot busy and the others as the initiator
+ * left them. */
+struct Seen {
+	int calls = 0;
+	int max_waiting = 0;        /* other slots requested meanwhile */
+	int waiting_at_last = -1;   /* the same, for the last chunk */
+	int calls_before_last = -1;
+	/* The most chunks posted (doorbell rings) while a chunk other than
+	 * the last was executed. */
+	uint32_t max_posted_before_last = 0;
+};
+
+struct Watch {
+	/* The bounce file, mapped here too; published (release) once
+	 * mapped, as the helper may run before the test's thread goes on. */
+	std::atomic<const char *> file{nullptr};
+	uint32_t nslots, slot_size;
+	uint64_t end; /* one past the transfer's last byte */
+	Seen seen;
+};
+
+int requested(const Watch &w, const char *file)
+{
+	int n = 0;
+	for (uint32_t i = 0; i < w.nslots; i++) {
+		auto *s = reinterpret_cast<const BounceSlot *>(
+			file + sizeof(BounceHeader) + size_t{i} * (sizeof(BounceSlot) + w.slot_size));
+		n += s->phase.load() == kPhaseRequest;
+	}
+	return n;
+}
+
+bool watch(void *ctx, uint64_t addr, uint64_t len, bool)
+{
+	auto *w = static_cast<Watch *>(ctx);
+	Seen &seen = w->seen;
+	const char *file = w->file.load(std::memory_order_acquire);
+	/* A slow helper: the initiator queues what it may meanwhile. */
+	usleep(seen.calls++ == 0 ? 20000 : 2000);
+	int waiting = requested(*w, file);
+	seen.max_waiting = std::max(seen.max_waiting, waiting);
+	if (addr + len == w->end) {
+		seen.waiting_at_last = waiting;
+		seen.calls_before_last = seen.calls - 1;
+	} else {
+		uint32_t posted = reinterpret_cast<const BounceHeader *>(file)->doorbell.load();
+		seen.max_posted_before_last = std::max(seen.max_posted_before_last, posted);
+	}
+	return true;
+}
+
+} // namespace
+
+/* What the transfer test's child reports. */
+struct WatchResult {
+	bool wrote, read, same_after_write, same_after_read;
+	Seen write, reread; /* the hook's view of each transfer */
+};
+
+/* One transfer through a server made for it; `seen` is read once the helper
+ * is joined (the slots' atomics are reached through two mappings, which
+ * ThreadSanitizer cannot pair). */
+template <typename Move>
+bool through_server(Seen &seen, uint32_t nslots, uint32_t slot_size, uint64_t end, Move &&move)
+{
+	Watch w;
+	w.nslots = nslots;
+	w.slot_size = slot_size;
+	w.end = end;
+	std::unique_ptr<BounceServer> server(BounceServer::create(nslots, slot_size, watch, &w).get());
+	if (!server)
+		return false;
+	const size_t bytes = bounce_file_size(nslots, slot_size);
+	void *map = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, server->fd(), 0);
+	if (map == MAP_FAILED)
+		return false;
+	w.file.store(static_cast<const char *>(map), std::memory_order_release);
+	std::unique_ptr<BounceClient> client(BounceClient::attach(server->fd()).get());
+	const bool ok = client && move(*client) == 0;
+	client.reset();
+	server.reset();
+	munmap(map, bytes);
+	seen = w.seen;
+	return ok;
+}
+
+TEST_CASE("a long transfer keeps chunks in flight and lands its last chunk last", "[bounce]")
+{
+	constexpr uint32_t nslots = 16, slot_size = 4096, chunks = 40; /* slots reused */
+	int fds[2];
+	REQUIRE(pipe(fds) == 0);
+	/* In a child, as the test above: the helper is a thread, and a
+	 * process that had one may not fork children that start threads
+	 * under ThreadSanitizer (the fork tests that follow). */
+	int rc = run_child([&] {
+		std::vector<char> target(size_t{chunks} * slot_size), src(target.size()),
+			back(target.size());
+		for (size_t i = 0; i < src.size(); i++)
+			src[i] = char(i * 7 + 1);
+		const uint64_t va = uint64_t(uintptr_t(target.data()));
+		const uint64_t end = va + target.size();
+		WatchResult r{};
+		r.wrote = through_server(r.write, nslots, slot_size, end, [&](BounceClient &c) {
+			return bounce_write(c, va, src.data(), src.size());
+		});
+		r.same_after_write = target == src;
+		r.read = through_server(r.reread, nslots, slot_size, end, [&](BounceClient &c) {
+			return bounce_read(c, back.data(), va, back.size());
+		});
+		r.same_after_read = back == src;
+		return write(fds[1], &r, sizeof(r)) == ssize_t(sizeof(r)) ? 0 : 4;
+	});
+	close(fds[1]);
+	WatchResult r{};
+	const bool got = read(fds[0], &r, sizeof(r)) == ssize_t(sizeof(r));
+	close(fds[0]);
+	REQUIRE(rc == 0);
+	REQUIRE(got);
+	CHECK(r.wrote);
+	CHECK(r.same_after_write);
+	CHECK(r.read);
+	CHECK(r.same_after_read);
+	CHECK(r.reread.calls == int(chunks));
+	const Seen &w = r.write;
+	CHECK(w.calls == int(chunks));
+	/* Several chunks were requested while the helper held the first. */
+	CHECK(w.max_waiting >= 2);
+	/* The write's last chunk came alone, after every other was done: it
+	 * was not even posted while another one was executed. */
+	CHECK(w.calls_before_last == int(chunks) - 1);
+	CHECK(w.waiting_at_last == 0);
+	CHECK(w.max_posted_before_last == chunks - 1);
 }
