@@ -298,7 +298,7 @@ int BounceClient::let_go(BounceSlot *slot, int err)
 }
 
 template <typename Fill, typename Done>
-int BounceClient::transfer(size_t len, Fill &&fill, Done &&done)
+int BounceClient::transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Done &&done)
 {
 	/* Half the slots at most, so that other initiators of this target
 	 * still find some free. */
@@ -332,6 +332,9 @@ int BounceClient::transfer(size_t len, Fill &&fill, Done &&done)
 		BounceSlot *s;
 		if ((err = claim(s)))
 			break;
+		s->op = uint32_t(op);
+		s->addr = va + off;
+		s->len = n;
 		fill(s, off, n);
 		post(s);
 		q[(head + count) % depth] = {s, off, n};
@@ -347,11 +350,8 @@ int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len)
 {
 	auto *p = static_cast<const char *>(src);
 	return c.transfer(
-		len,
+		BounceOp::write, va, len,
 		[&](BounceSlot *s, size_t off, size_t n) {
-			s->op = uint32_t(BounceOp::write);
-			s->addr = va + off;
-			s->len = n;
 			std::memcpy(reinterpret_cast<char *>(s + 1), p + off, n);
 		},
 		[](BounceSlot *, size_t, size_t) {});
@@ -361,12 +361,7 @@ int bounce_read(BounceClient &c, void *dst, uint64_t va, size_t len)
 {
 	auto *p = static_cast<char *>(dst);
 	return c.transfer(
-		len,
-		[&](BounceSlot *s, size_t off, size_t n) {
-			s->op = uint32_t(BounceOp::read);
-			s->addr = va + off;
-			s->len = n;
-		},
+		BounceOp::read, va, len, [](BounceSlot *, size_t, size_t) {},
 		[&](BounceSlot *s, size_t off, size_t n) {
 			std::memcpy(p + off, reinterpret_cast<char *>(s + 1), n);
 		});

@@ -152,11 +152,12 @@ private:
 	/* Lets go of a waited-for slot, unless the target died with it or its
 	 * helper still holds it; the error to report (ESTALE: ETIMEDOUT). */
 	int let_go(BounceSlot *slot, int err);
-	/* Moves `len` bytes in slot-size chunks, pipelined (see the top of this
-	 * file): fill(slot, offset, n) writes a chunk's request, done(slot,
-	 * offset, n) takes a finished one's data. The first error. */
+	/* Moves `len` bytes at the target's `va` in slot-size chunks of `op`,
+	 * pipelined (see the top of this file): fill(slot, offset, n) puts a
+	 * chunk's data into its slot (a write's), done(slot, offset, n) takes
+	 * a finished one's (a read's). The first error. */
 	template <typename Fill, typename Done>
-	int transfer(size_t len, Fill &&fill, Done &&done);
+	int transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Done &&done);
 	BounceSlot *slot_at(uint32_t i) const;
 
 	char *base_ = nullptr;
