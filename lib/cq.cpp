@@ -152,6 +152,27 @@ void fill_entry(shm::CqEntry &e, const Completion &c)
 	e.timestamp_ns = c.timestamp_ns;
 }
 
+/* What fill_entry() writes for the Completion a PlainCompletion stands
+ * for, without building it (the timestamp: produce_entry()). */
+void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
+{
+	e.wr_id = c.wr_id;
+	e.status = c.status;
+	e.opcode = c.opcode;
+	e.vendor_err = 0;
+	e.byte_len = c.byte_len;
+	e.imm_data = c.imm_data;
+	e.qp_num = c.qp_num;
+	e.src_qp = c.src_qp;
+	e.wc_flags = c.wc_flags;
+	e.pkey_index = 0;
+	e.slid = 0;
+	e.sl = 0;
+	e.dlid_path_bits = 0;
+	e.solicited = c.solicited;
+	e.raised_event = 0;
+}
+
 /* The ring stores CLOCK_MONOTONIC ns (the device's raw clock); the wall
  * clock time of that instant is the realtime clock shifted by the same
  * distance from now. */
@@ -1112,6 +1133,14 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 		[&](shm::CqEntry &e) { fill_entry(e, c); }, channel_fd, overrun_now, cons_seen);
 }
 
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const PlainCompletion &c, int channel_fd,
+		    uint64_t *cons_seen)
+{
+	return produce_entry(
+		ring, capacity, c.solicited || c.status != IBV_WC_SUCCESS, false,
+		[&](shm::CqEntry &e) { fill_plain(e, c); }, channel_fd, nullptr, cons_seen);
+}
+
 namespace {
 
 /* deliver_send_completion() from inside a poll batch of the CQ: deferred
@@ -1134,25 +1163,10 @@ int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 		return defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len);
 	/* What fill_entry() writes for that Completion, without building it
 	 * (the timestamp: produce_entry()). */
-	auto fill = [&](shm::CqEntry &e) {
-		e.wr_id = wr_id;
-		e.status = status;
-		e.opcode = opcode;
-		e.vendor_err = 0;
-		e.byte_len = byte_len;
-		e.imm_data = 0;
-		e.qp_num = qp_num;
-		e.src_qp = 0;
-		e.wc_flags = 0;
-		e.pkey_index = 0;
-		e.slid = 0;
-		e.sl = 0;
-		e.dlid_path_bits = 0;
-		e.solicited = 0;
-		e.raised_event = 0;
-	};
+	const PlainCompletion c{wr_id, status, opcode, byte_len, 0, qp_num, 0, 0, false};
 	bool overrun_now = false;
-	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false, fill,
+	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false,
+				[&](shm::CqEntry &e) { fill_plain(e, c); },
 				cq.channel ? cq.channel->ibv.fd : -1, &overrun_now, nullptr);
 	if (overrun_now) {
 		std::lock_guard guard(cq.lock);

@@ -73,6 +73,21 @@ inline Completion make_completion(uint64_t wr_id, enum ibv_wc_status status,
 	return c;
 }
 
+/* The completions RC and UC produce on their common paths: these fields,
+ * every other one zero (no slid, sl, pkey or timestamp given). Written
+ * field by field into the ring, without building a Completion. */
+struct PlainCompletion {
+	uint64_t wr_id;
+	enum ibv_wc_status status;
+	enum ibv_wc_opcode opcode;
+	uint32_t byte_len;
+	uint32_t imm_data; /* network order */
+	uint32_t qp_num;
+	uint32_t src_qp;
+	uint32_t wc_flags;
+	bool solicited;
+};
+
 enum class CqArm : uint8_t { None, Solicited, Next };
 
 /* This thread's identity for PollLock (its address; initial-exec: one
@@ -255,6 +270,8 @@ int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
  */
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
 		    bool *overrun_now = nullptr, uint64_t *cons_seen = nullptr);
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const PlainCompletion &c, int channel_fd,
+		    uint64_t *cons_seen);
 /* The consumer side (the owner, under its CQ lock): takes the oldest
  * published completion; skips slots whose producer died holding them.
  * false when there is none ready. */

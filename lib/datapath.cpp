@@ -1355,7 +1355,8 @@ namespace {
 bool direct_opcode(enum ibv_wr_opcode op)
 {
 	return op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_READ ||
-	       op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	       op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+	       op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
 }
 
 } // namespace
@@ -1365,7 +1366,8 @@ bool direct_opcode(enum ibv_wr_opcode op)
 	if ((type_ != IBV_QPT_RC && type_ != IBV_QPT_UC) || !direct_opcode(wr.opcode))
 		return Direct::NotTaken;
 	DirectWr d{wr.wr_id, wr.send_flags, {wr.opcode, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey, 0, 0},
-		   std::span(wr.sg_list, size_t(wr.num_sge)), bool(wr.send_flags & IBV_SEND_INLINE)};
+		   std::span(wr.sg_list, size_t(wr.num_sge)), bool(wr.send_flags & IBV_SEND_INLINE),
+		   wr.imm_data};
 	if (wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
 		d.op = {wr.opcode, wr.wr.atomic.remote_addr, wr.wr.atomic.rkey,
 			wr.wr.atomic.compare_add, wr.wr.atomic.swap};
@@ -1390,14 +1392,17 @@ bool direct_opcode(enum ibv_wr_opcode op)
 	return run_direct({w.wr_id, w.send_flags,
 			   {w.opcode, w.remote_addr, w.rkey, w.compare_add, w.swap},
 			   inlined ? std::span(&data, 1) : std::span(w.sge.data(), w.sge.size()),
-			   inlined});
+			   inlined, w.imm_data});
 }
 
 QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 {
 	uint32_t local_access = IBV_ACCESS_LOCAL_WRITE;
+	const bool send = wr.op.opcode == IBV_WR_SEND || wr.op.opcode == IBV_WR_SEND_WITH_IMM;
 	switch (wr.op.opcode) {
 	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
 		local_access = 0;
 		break;
 	case IBV_WR_RDMA_READ:
@@ -1451,10 +1456,96 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 	}
 	struct ibv_wc wc;
 	wc.byte_len = uint32_t(length);
-	const Outcome o = one_sided(wr.op, t, *target_.seg, t.pdn, local, length, wc);
+	Outcome o = Outcome::Done;
+	if (!send) {
+		o = one_sided(wr.op, t, *target_.seg, t.pdn, local, length, wc);
+	} else if (send_direct(wr, t, *target_.seg, local, length)) {
+		wc.status = IBV_WC_SUCCESS;
+	} else {
+		local_refs_.end_wr();
+		return Direct::NotTaken;
+	}
 	local_refs_.end_wr();
 	complete_send(wr.wr_id, wr.send_flags, wr.op.opcode, wc.status, wc.byte_len);
 	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;
+}
+
+/*
+ * A SEND into the target's own RQ when nothing about it is out of the
+ * ordinary: a receive WQE is posted whose first SGE takes the whole message,
+ * in memory reached directly (ours, or a Shared MR through a window), and
+ * the target has its receive CQ. All of it is checked before the WQE is
+ * taken (its copy is intact if the head moves by our CAS, as in
+ * consume_wqe()); from there on nothing can fail. false: nothing happened
+ * but the holds, and the general path decides (RNR, a UC drop, an SRQ, a
+ * length or protection error, a scatter over several SGEs, another memory
+ * path). (sq_lock_ held, target held and ready.)
+ */
+bool QpEngine::send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment &peer,
+			   std::span<const struct iovec> local, uint64_t length)
+{
+	if (t.srqn)
+		return false;
+	if (!target_.rq) {
+		PeerRq q;
+		if (!peer_rq(peer, t.rq_off, q))
+			return false;
+		target_.rq = q.rq;
+		target_.rq_entries = q.entries;
+		target_.rq_max_sge = q.max_sge;
+		target_.rq_stride = q.stride;
+	}
+	if (!target_.cq && !(target_.cq = peer_cq(peer, t.recv_cq_off, target_.cq_cap)))
+		return false;
+	shm::RecvQueue &rq = *target_.rq;
+	uint64_t head = rq.head.load(std::memory_order_acquire);
+	char *slot = reinterpret_cast<char *>(&rq) + shm::rq_slots_offset +
+		(head & (target_.rq_entries - 1)) * target_.rq_stride;
+	/* Pairs with the producer's release store of seq (post_recv). */
+	if (rq_slot_seq(slot).load(std::memory_order_acquire) != uint32_t(head + 1))
+		return false;
+	shm::RecvWqe wqe;
+	std::memcpy(&wqe, slot, offsetof(shm::RecvWqe, seq));
+	char *to = nullptr;
+	if (length) {
+		if (!wqe.num_sge || !target_.rq_max_sge)
+			return false;
+		shm::RecvSge s;
+		std::memcpy(&s, slot + sizeof(wqe), sizeof(s));
+		if (s.length < length)
+			return false;
+		/* Held as execute() holds it: kept for the next WRs. */
+		const KeyRef &ref = held_.recv_key.get(peer, s.lkey);
+		if (!ref || ref->pdn != t.pdn || !ref.permits(s.addr, length, IBV_ACCESS_LOCAL_WRITE))
+			return false;
+		const uint64_t at = ref.address_of(s.addr);
+		to = peer.local ? reinterpret_cast<char *>(at) : cached_window(peer, *ref, at, length);
+		if (!to)
+			return false;
+	}
+	if (!rq.head.compare_exchange_strong(head, head + 1, std::memory_order_acq_rel))
+		return false;
+	for (const struct iovec &v : local) {
+		std::memcpy(to, v.iov_base, v.iov_len);
+		to += v.iov_len;
+	}
+	const bool imm = wr.op.opcode == IBV_WR_SEND_WITH_IMM;
+	const PlainCompletion rc{wqe.wr_id,
+				 IBV_WC_SUCCESS,
+				 IBV_WC_RECV,
+				 uint32_t(length),
+				 imm ? wr.imm_data : 0,
+				 t.qpn,
+				 qpn_,
+				 imm ? uint32_t(IBV_WC_WITH_IMM) : 0,
+				 bool(wr.send_flags & IBV_SEND_SOLICITED)};
+	if (recv_cq_seen_.ring != target_.cq)
+		recv_cq_seen_ = {target_.cq, 0};
+	cq_ring_produce(*target_.cq, target_.cq_cap, rc,
+			t.recv_cq_has_channel ? fetch_channel_fd(device_, broker::ObjectKind::Qp, t.qpn)
+					      : -1,
+			&recv_cq_seen_.cons);
+	return true;
 }
 
 /* ---- Target memory ---- */

@@ -353,10 +353,15 @@ private:
 		OneSided op;
 		std::span<const struct ibv_sge> sge;
 		bool inlined; /* sge is the data itself: no lkey to check */
+		uint32_t imm_data; /* SEND_WITH_IMM */
 	};
 	Direct try_direct(const struct ibv_send_wr &wr);
 	Direct try_direct(const SendWr &w);
 	Direct run_direct(const DirectWr &wr);
+	/* run_direct()'s SEND into the target's own RQ; false: nothing
+	 * happened, the general path decides. */
+	bool send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment &peer,
+			 std::span<const struct iovec> local, uint64_t length);
 	struct UdTarget;
 	struct UdMessage;
 	/* The unicast UD target `qpn` of `device` (ud_target_), revalidated

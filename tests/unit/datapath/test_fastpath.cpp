@@ -8,11 +8,13 @@
  */
 #include "loopback.h"
 
+#include <arpa/inet.h>
 #include <poll.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 using namespace loopback;
 
@@ -225,4 +227,109 @@ TEST_CASE("fast path: SENDs follow a QP reconnected to another target", "[fastpa
 	CHECK(std::memcmp(c.at(0), "to-c....", 8) == 0);
 	CHECK(Pair::quiet(p.b));
 	Pair::destroy(c);
+}
+
+/*
+ * Once a SEND resolved the target, the next ones to its own RQ take the
+ * engine's direct path (lib/datapath.cpp send_direct) when the receive
+ * WQE's first SGE takes the whole message, and the general path otherwise:
+ * both must give the responder's results of a device.
+ */
+TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path",
+	  "[fastpath][send]")
+{
+	Pair p;
+	p.connect(0); /* rnr_retry 0: no receive is an error at once */
+	Side &a = p.a, &b = p.b;
+	struct ibv_wc wc{};
+	REQUIRE(Pair::post_recv(b, 1, 0, 64) == 0);
+	REQUIRE(Pair::post8(a, IBV_WR_SEND, 100) == 0);
+	REQUIRE(Pair::wait_wc(a, wc));
+	REQUIRE(Pair::wait_wc(b, wc));
+	REQUIRE(wc.wr_id == 1);
+
+	auto send = [&](enum ibv_wr_opcode op, uint64_t wr_id, std::initializer_list<ibv_sge> sges,
+			unsigned flags = 0) {
+		std::vector<struct ibv_sge> sg(sges);
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.opcode = op;
+		wr.send_flags = IBV_SEND_SIGNALED | flags;
+		wr.imm_data = htonl(0xfeed);
+		wr.sg_list = sg.data();
+		wr.num_sge = int(sg.size());
+		return ibv_post_send(a.qp, &wr, &bad);
+	};
+	auto recv = [&](uint64_t wr_id, std::initializer_list<ibv_sge> sges) {
+		std::vector<struct ibv_sge> sg(sges);
+		struct ibv_recv_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.sg_list = sg.data();
+		wr.num_sge = int(sg.size());
+		return ibv_post_recv(b.qp, &wr, &bad);
+	};
+	const uint32_t lk = a.mr->lkey, rk = b.mr->lkey;
+	std::memcpy(a.at(0), "gathered-from-two-pieces", 24);
+
+	SECTION("two local pieces, with immediate, into one receive SGE")
+	{
+		REQUIRE(recv(2, {{b.addr(256), 64, rk}}) == 0);
+		REQUIRE(send(IBV_WR_SEND_WITH_IMM, 101, {{a.addr(0), 9, lk}, {a.addr(9), 15, lk}},
+			     IBV_SEND_SOLICITED) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK((wc.wr_id == 101 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND));
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK(wc.wr_id == 2);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.opcode == IBV_WC_RECV);
+		CHECK(wc.byte_len == 24);
+		CHECK(wc.wc_flags == IBV_WC_WITH_IMM);
+		CHECK(ntohl(wc.imm_data) == 0xfeed);
+		CHECK(wc.qp_num == b.qp->qp_num);
+		CHECK(wc.src_qp == a.qp->qp_num);
+		CHECK(std::memcmp(b.at(256), "gathered-from-two-pieces", 24) == 0);
+		/* Inline, no immediate: nothing of the last one carried over. */
+		REQUIRE(recv(3, {{b.addr(512), 64, rk}}) == 0);
+		REQUIRE(send(IBV_WR_SEND, 102, {{a.addr(0), 8, lk}}, IBV_SEND_INLINE) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == 3 && wc.byte_len == 8 && wc.wc_flags == 0 && wc.imm_data == 0));
+		CHECK(std::memcmp(b.at(512), "gathered", 8) == 0);
+	}
+	SECTION("a message over the first receive SGE is scattered over the next")
+	{
+		REQUIRE(recv(2, {{b.addr(256), 10, rk}, {b.addr(1024), 64, rk}}) == 0);
+		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(0), 24, lk}}) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 24));
+		CHECK(std::memcmp(b.at(256), "gathered-f", 10) == 0);
+		CHECK(std::memcmp(b.at(1024), "rom-two-pieces", 14) == 0);
+	}
+	SECTION("a message over the whole receive: local length error, the sender's remote error")
+	{
+		REQUIRE(recv(2, {{b.addr(256), 16, rk}}) == 0);
+		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(0), 24, lk}}) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.status == IBV_WC_REM_INV_REQ_ERR);
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == 2 && wc.status == IBV_WC_LOC_LEN_ERR));
+	}
+	SECTION("a receive buffer whose key is not registered: protection error")
+	{
+		REQUIRE(recv(2, {{b.addr(256), 64, rk ^ 0x100}}) == 0);
+		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(0), 8, lk}}) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.status == IBV_WC_REM_OP_ERR);
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == 2 && wc.status == IBV_WC_LOC_PROT_ERR));
+	}
+	SECTION("no receive posted: receiver not ready")
+	{
+		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(0), 8, lk}}) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.status == IBV_WC_RNR_RETRY_EXC_ERR);
+		CHECK(Pair::quiet(b));
+	}
 }
