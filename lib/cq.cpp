@@ -166,8 +166,8 @@ void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
 	e.src_qp = c.src_qp;
 	e.wc_flags = c.wc_flags;
 	e.pkey_index = 0;
-	e.slid = 0;
-	e.sl = 0;
+	e.slid = c.slid;
+	e.sl = c.sl;
 	e.dlid_path_bits = 0;
 	e.solicited = c.solicited;
 	e.raised_event = 0;
@@ -1163,7 +1163,7 @@ int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 		return defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len);
 	/* What fill_entry() writes for that Completion, without building it
 	 * (the timestamp: produce_entry()). */
-	const PlainCompletion c{wr_id, status, opcode, byte_len, 0, qp_num, 0, 0, false};
+	const PlainCompletion c{wr_id, status, opcode, byte_len, 0, qp_num, 0, 0, false, 0, 0};
 	bool overrun_now = false;
 	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false,
 				[&](shm::CqEntry &e) { fill_plain(e, c); },

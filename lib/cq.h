@@ -73,9 +73,9 @@ inline Completion make_completion(uint64_t wr_id, enum ibv_wc_status status,
 	return c;
 }
 
-/* The completions RC and UC produce on their common paths: these fields,
- * every other one zero (no slid, sl, pkey or timestamp given). Written
- * field by field into the ring, without building a Completion. */
+/* The completions the data path produces: these fields, every other one
+ * zero (pkey_index, dlid_path_bits; no timestamp given). Written field by
+ * field into the ring, without building a Completion. */
 struct PlainCompletion {
 	uint64_t wr_id;
 	enum ibv_wc_status status;
@@ -86,6 +86,8 @@ struct PlainCompletion {
 	uint32_t src_qp;
 	uint32_t wc_flags;
 	bool solicited;
+	uint16_t slid = 0; /* UD */
+	uint8_t sl = 0;
 };
 
 enum class CqArm : uint8_t { None, Solicited, Next };

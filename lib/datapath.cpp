@@ -910,7 +910,9 @@ bool QpEngine::progress()
 	}
 	wc.byte_len = uint32_t(length);
 	if (type_ == IBV_QPT_UD)
-		return execute_ud(wr, wc, local.data(), int(local.size()), length);
+		return execute_ud({wr.opcode, wr.send_flags, wr.imm_data, wr.ah_attr, wr.remote_qpn,
+				   wr.remote_qkey},
+				  wc, local.data(), int(local.size()), length);
 
 	/* The target QP: the one resolved last while it is still valid (its
 	 * segment not gone, the descriptor still this number's), else through
@@ -1363,6 +1365,26 @@ bool direct_opcode(enum ibv_wr_opcode op)
 
 [[gnu::flatten]] QpEngine::Direct QpEngine::try_direct(const struct ibv_send_wr &wr)
 {
+	if (type_ == IBV_QPT_UD) {
+		/* fill()'s checks (an AH of this context; post_send checked
+		 * the opcode), failing ones left to it for the EINVAL. */
+		struct ibv_ah *ah = wr.wr.ud.ah;
+		if (!ah || ah->context != qp_.ctx->abi())
+			return Direct::NotTaken;
+		const bool inlined = wr.send_flags & IBV_SEND_INLINE;
+		const std::span<const struct ibv_sge> sge(wr.sg_list, size_t(wr.num_sge));
+		if (inlined) {
+			uint64_t length = 0;
+			for (const struct ibv_sge &s : sge)
+				length += s.length;
+			if (length > qp_.core->caps.created.max_inline_data)
+				return Direct::NotTaken;
+		}
+		return run_direct_ud(wr.wr_id,
+				     {wr.opcode, wr.send_flags, wr.imm_data, Ah::from(ah)->attr,
+				      wr.wr.ud.remote_qpn, wr.wr.ud.remote_qkey},
+				     sge, inlined);
+	}
 	if ((type_ != IBV_QPT_RC && type_ != IBV_QPT_UC) || !direct_opcode(wr.opcode))
 		return Direct::NotTaken;
 	DirectWr d{wr.wr_id, wr.send_flags, {wr.opcode, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey, 0, 0},
@@ -1383,12 +1405,18 @@ bool direct_opcode(enum ibv_wr_opcode op)
 
 [[gnu::flatten]] QpEngine::Direct QpEngine::try_direct(const SendWr &w)
 {
-	if ((type_ != IBV_QPT_RC && type_ != IBV_QPT_UC) || !direct_opcode(w.opcode))
+	const bool ud = type_ == IBV_QPT_UD;
+	if (!ud && ((type_ != IBV_QPT_RC && type_ != IBV_QPT_UC) || !direct_opcode(w.opcode)))
 		return Direct::NotTaken;
 	/* The builders copied inline data already (and checked its size). */
 	const struct ibv_sge data = {uint64_t(uintptr_t(w.inline_data.data())),
 				     uint32_t(w.inline_data.size()), 0};
 	const bool inlined = !w.inline_data.empty();
+	if (ud)
+		return run_direct_ud(
+			w.wr_id,
+			{w.opcode, w.send_flags, w.imm_data, w.ah_attr, w.remote_qpn, w.remote_qkey},
+			inlined ? std::span(&data, 1) : std::span(w.sge.data(), w.sge.size()), inlined);
 	return run_direct({w.wr_id, w.send_flags,
 			   {w.opcode, w.remote_addr, w.rkey, w.compare_add, w.swap},
 			   inlined ? std::span(&data, 1) : std::span(w.sge.data(), w.sge.size()),
@@ -1427,33 +1455,11 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 	    tstate != IBV_QPS_SQE)
 		return Direct::NotTaken;
 
-	/* The local pieces: on the stack for the common WR of one SGE or
-	 * inline piece (up to 4), else in the engine's vector. */
 	struct iovec few[4];
 	std::span<const struct iovec> local;
 	uint64_t length = 0;
-	if (wr.inlined && wr.sge.size() <= std::size(few)) {
-		for (size_t i = 0; i < wr.sge.size(); i++) {
-			few[i] = {reinterpret_cast<void *>(wr.sge[i].addr), wr.sge[i].length};
-			length += wr.sge[i].length;
-		}
-		local = std::span(few, wr.sge.size());
-	} else if (wr.inlined) {
-		local_iov_.clear();
-		for (const struct ibv_sge &s : wr.sge) {
-			length += s.length;
-			local_iov_.push_back({reinterpret_cast<void *>(s.addr), s.length});
-		}
-		local = local_iov_;
-	} else {
-		local_iov_.clear();
-		if (local_iovecs(local_keys_, pdn_, wr.sge.data(), int(wr.sge.size()), local_access,
-				 local_iov_, local_refs_, length)) {
-			local_refs_.end_wr();
-			return Direct::NotTaken;
-		}
-		local = local_iov_;
-	}
+	if (!direct_local(wr.sge, wr.inlined, local_access, few, local, length))
+		return Direct::NotTaken;
 	struct ibv_wc wc;
 	wc.byte_len = uint32_t(length);
 	Outcome o = Outcome::Done;
@@ -1467,6 +1473,52 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 	}
 	local_refs_.end_wr();
 	complete_send(wr.wr_id, wr.send_flags, wr.op.opcode, wc.status, wc.byte_len);
+	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;
+}
+
+/* The local pieces: on the stack for the common WR of one SGE or inline
+ * piece (up to 4), else in the engine's vector. */
+bool QpEngine::direct_local(std::span<const struct ibv_sge> sge, bool inlined, uint32_t access,
+			    struct iovec (&few)[4], std::span<const struct iovec> &local,
+			    uint64_t &length)
+{
+	length = 0;
+	if (inlined && sge.size() <= std::size(few)) {
+		for (size_t i = 0; i < sge.size(); i++) {
+			few[i] = {reinterpret_cast<void *>(sge[i].addr), sge[i].length};
+			length += sge[i].length;
+		}
+		local = std::span(few, sge.size());
+		return true;
+	}
+	local_iov_.clear();
+	if (inlined) {
+		for (const struct ibv_sge &s : sge) {
+			length += s.length;
+			local_iov_.push_back({reinterpret_cast<void *>(s.addr), s.length});
+		}
+	} else if (local_iovecs(local_keys_, pdn_, sge.data(), int(sge.size()), access, local_iov_,
+				local_refs_, length)) {
+		local_refs_.end_wr();
+		return false;
+	}
+	local = local_iov_;
+	return true;
+}
+
+QpEngine::Direct QpEngine::run_direct_ud(uint64_t wr_id, const UdSend &wr,
+					 std::span<const struct ibv_sge> sge, bool inlined)
+{
+	struct iovec few[4];
+	std::span<const struct iovec> local;
+	uint64_t length = 0;
+	if (!direct_local(sge, inlined, 0, few, local, length))
+		return Direct::NotTaken;
+	struct ibv_wc wc;
+	wc.byte_len = uint32_t(length);
+	const Outcome o = execute_ud(wr, wc, local.data(), int(local.size()), length);
+	local_refs_.end_wr();
+	complete_send(wr_id, wr.send_flags, wr.opcode, wc.status, wc.byte_len);
 	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;
 }
 

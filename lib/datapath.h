@@ -321,8 +321,17 @@ private:
 	int remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
 			const struct iovec *local, int count);
 	char *cached_window(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, uint64_t len);
-	/* lib/ud.cpp */
-	Outcome execute_ud(SendWr &wr, struct ibv_wc &wc, const struct iovec *local, int count,
+	/* lib/ud.cpp. What a UD send reads of its WR: a SendWr's fields, or
+	 * the application's ibv_send_wr and AH on the direct path. */
+	struct UdSend {
+		enum ibv_wr_opcode opcode;
+		unsigned int send_flags;
+		uint32_t imm_data; /* network order */
+		const struct ibv_ah_attr &ah;
+		uint32_t remote_qpn;
+		uint32_t remote_qkey;
+	};
+	Outcome execute_ud(const UdSend &wr, struct ibv_wc &wc, const struct iovec *local, int count,
 			   uint64_t length);
 	/* Writes the send completion, if one is due (signaled, or an error). */
 	void complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_wr_opcode opcode,
@@ -358,6 +367,16 @@ private:
 	Direct try_direct(const struct ibv_send_wr &wr);
 	Direct try_direct(const SendWr &w);
 	Direct run_direct(const DirectWr &wr);
+	/* The UD send of the direct path: execute_ud() without the SendWr
+	 * (`sge`, `inlined` as in DirectWr). */
+	Direct run_direct_ud(uint64_t wr_id, const UdSend &wr, std::span<const struct ibv_sge> sge,
+			     bool inlined);
+	/* The local pieces of a direct WR: inline data in `few` (up to 4
+	 * pieces), else local_iov_ after the key checks. false: refused (a
+	 * local key), nothing held; the general path reports it. */
+	bool direct_local(std::span<const struct ibv_sge> sge, bool inlined, uint32_t access,
+			  struct iovec (&few)[4], std::span<const struct iovec> &local,
+			  uint64_t &length);
 	/* run_direct()'s SEND into the target's own RQ; false: nothing
 	 * happened, the general path decides. */
 	bool send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment &peer,

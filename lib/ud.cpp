@@ -337,25 +337,24 @@ bool takes_messages(uint32_t st)
 	if (!consume_wqe(q, wqe, rsges))
 		return; /* no receive posted: dropped */
 
-	Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, t.qpn);
-	rc.wc.src_qp = m.src_qp;
-	rc.wc.slid = m.slid;
-	rc.wc.sl = m.sl;
-	/* pkey_index 0, dlid_path_bits 0 (LMC 0): make_completion's zeros. */
-	rc.wc.byte_len = uint32_t(m.length + grh_bytes);
-	rc.solicited = m.solicited;
-	if (m.grh)
-		rc.wc.wc_flags |= IBV_WC_GRH;
-	if (m.with_imm) {
-		rc.wc.imm_data = m.imm_data;
-		rc.wc.wc_flags |= IBV_WC_WITH_IMM;
-	}
+	/* pkey_index 0, dlid_path_bits 0 (LMC 0): PlainCompletion's zeros. */
+	PlainCompletion rc{wqe.wr_id,
+			   IBV_WC_SUCCESS,
+			   IBV_WC_RECV,
+			   uint32_t(m.length + grh_bytes),
+			   m.with_imm ? m.imm_data : 0,
+			   t.qpn,
+			   m.src_qp,
+			   (m.grh ? uint32_t(IBV_WC_GRH) : 0) | (m.with_imm ? uint32_t(IBV_WC_WITH_IMM) : 0),
+			   m.solicited,
+			   m.slid,
+			   m.sl};
 	uint64_t room = 0;
 	for (const shm::RecvSge &s : rsges)
 		room += s.length;
 	const PeerSegment &rq_seg = *t.rq_seg;
 	if (m.length + grh_bytes > room) {
-		rc.wc.status = IBV_WC_LOC_LEN_ERR;
+		rc.status = IBV_WC_LOC_LEN_ERR;
 	} else {
 		/* Scatter GRH (if any) + payload over the receive SGEs. */
 		const uint64_t total = m.length + grh_bytes;
@@ -379,7 +378,7 @@ bool takes_messages(uint32_t st)
 			}
 			if (!*ref || (*ref)->pdn != t.rq_pdn ||
 			    !ref->permits(s.addr, n, IBV_ACCESS_LOCAL_WRITE)) {
-				rc.wc.status = IBV_WC_LOC_PROT_ERR;
+				rc.status = IBV_WC_LOC_PROT_ERR;
 				break;
 			}
 			struct iovec v[2];
@@ -408,7 +407,7 @@ bool takes_messages(uint32_t st)
 						to += v[i].iov_len;
 					}
 				} else if (remote_memory_for(rq_seg, **ref).write(rq_seg, **ref, at, v, nv)) {
-					rc.wc.status = IBV_WC_LOC_PROT_ERR;
+					rc.status = IBV_WC_LOC_PROT_ERR;
 					break;
 				}
 			}
@@ -420,8 +419,8 @@ bool takes_messages(uint32_t st)
 				t.desc->recv_cq_has_channel
 					? fetch_channel_fd(t.device, broker::ObjectKind::Qp, t.qpn)
 					: -1,
-				nullptr, &t.cq_cons);
-	if (rc.wc.status != IBV_WC_SUCCESS)
+				&t.cq_cons);
+	if (rc.status != IBV_WC_SUCCESS)
 		t.desc->remote_error.store(shm::remote_error_fatal, std::memory_order_release);
 }
 
@@ -430,7 +429,7 @@ bool takes_messages(uint32_t st)
  * Done, or Fatal for a message over the MTU: UD never waits and never
  * fails remotely.
  */
-QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
+QpEngine::Outcome QpEngine::execute_ud(const UdSend &wr, struct ibv_wc &wc,
 				       const struct iovec *local, int count, uint64_t length)
 {
 	if (!ud_port_ || ud_port_num_ != attr_.port_num) {
@@ -448,7 +447,7 @@ QpEngine::Outcome QpEngine::execute_ud(SendWr &wr, struct ibv_wc &wc,
 		return Outcome::Fatal;
 	}
 	wc.status = IBV_WC_SUCCESS;
-	const struct ibv_ah_attr &ah = wr.ah_attr;
+	const struct ibv_ah_attr &ah = wr.ah;
 	const bool eth = own->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
 
 	/* Where to: a multicast group, or the port owning the DLID/DGID (the
