@@ -1477,25 +1477,30 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 }
 
 /* The local pieces: on the stack for the common WR of one SGE or inline
- * piece (up to 4), else in the engine's vector. */
+ * piece (up to 4), else in the engine's vector. Empty pieces are left out,
+ * as local_iovecs() leaves them: no copy ever gets a length of 0 (and a
+ * pointer that may be null). */
 bool QpEngine::direct_local(std::span<const struct ibv_sge> sge, bool inlined, uint32_t access,
 			    struct iovec (&few)[4], std::span<const struct iovec> &local,
 			    uint64_t &length)
 {
 	length = 0;
 	if (inlined && sge.size() <= std::size(few)) {
-		for (size_t i = 0; i < sge.size(); i++) {
-			few[i] = {reinterpret_cast<void *>(sge[i].addr), sge[i].length};
-			length += sge[i].length;
+		size_t n = 0;
+		for (const struct ibv_sge &s : sge) {
+			if (s.length)
+				few[n++] = {reinterpret_cast<void *>(s.addr), s.length};
+			length += s.length;
 		}
-		local = std::span(few, sge.size());
+		local = std::span(few, n);
 		return true;
 	}
 	local_iov_.clear();
 	if (inlined) {
 		for (const struct ibv_sge &s : sge) {
+			if (s.length)
+				local_iov_.push_back({reinterpret_cast<void *>(s.addr), s.length});
 			length += s.length;
-			local_iov_.push_back({reinterpret_cast<void *>(s.addr), s.length});
 		}
 	} else if (local_iovecs(local_keys_, pdn_, sge.data(), int(sge.size()), access, local_iov_,
 				local_refs_, length)) {
