@@ -9,6 +9,10 @@ cd "$top"
 
 "$top/scripts/install-deps.sh"
 
+# UBSan reports and carries on unless told otherwise: a finding must fail
+# its test (the processes each test starts inherit this).
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+
 status=0
 passed=0
 failed=0
