@@ -307,23 +307,23 @@ TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path"
 		CHECK(std::memcmp(b.at(256), "gathered-f", 10) == 0);
 		CHECK(std::memcmp(b.at(1024), "rom-two-pieces", 14) == 0);
 	}
+	/* A SEND of `len` bytes into a receive of `r`, failing on both sides. */
+	auto refused = [&](struct ibv_sge r, uint32_t len, enum ibv_wc_status sender,
+			   enum ibv_wc_status receiver) {
+		REQUIRE(recv(2, {r}) == 0);
+		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(0), len, lk}}) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.status == sender);
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == 2 && wc.status == receiver));
+	};
 	SECTION("a message over the whole receive: local length error, the sender's remote error")
 	{
-		REQUIRE(recv(2, {{b.addr(256), 16, rk}}) == 0);
-		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(0), 24, lk}}) == 0);
-		REQUIRE(Pair::wait_wc(a, wc));
-		CHECK(wc.status == IBV_WC_REM_INV_REQ_ERR);
-		REQUIRE(Pair::wait_wc(b, wc));
-		CHECK((wc.wr_id == 2 && wc.status == IBV_WC_LOC_LEN_ERR));
+		refused({b.addr(256), 16, rk}, 24, IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_LEN_ERR);
 	}
 	SECTION("a receive buffer whose key is not registered: protection error")
 	{
-		REQUIRE(recv(2, {{b.addr(256), 64, rk ^ 0x100}}) == 0);
-		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(0), 8, lk}}) == 0);
-		REQUIRE(Pair::wait_wc(a, wc));
-		CHECK(wc.status == IBV_WC_REM_OP_ERR);
-		REQUIRE(Pair::wait_wc(b, wc));
-		CHECK((wc.wr_id == 2 && wc.status == IBV_WC_LOC_PROT_ERR));
+		refused({b.addr(256), 64, rk ^ 0x100}, 8, IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR);
 	}
 	SECTION("no receive posted: receiver not ready")
 	{
