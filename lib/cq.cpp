@@ -697,9 +697,11 @@ int get_cq_event(CompChannel &ch, Cq *&out)
 					break;
 				}
 			}
+			/* Under the lock: a resize moves the ring under it. */
+			if (taken)
+				wait_head_published(*taken);
 		}
 		if (taken) {
-			wait_head_published(*taken);
 			out = taken;
 			return 0;
 		}
@@ -866,6 +868,11 @@ int resize_cq(Cq &cq, int cqe)
 			n++;
 		}
 		fresh->prod.store(n);
+		/* get_cq_event() reads the rings of the channel's CQs under
+		 * the channel's lock. */
+		std::unique_lock<std::mutex> channel;
+		if (cq.channel)
+			channel = std::unique_lock(cq.channel->lock);
 		seg.free(cq.ring_off, cq.ring_bytes);
 		cq.ring = fresh;
 		cq.ring_off = off;

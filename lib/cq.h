@@ -181,6 +181,8 @@ struct Cq {
 	 * the CQ from there is deferred to end_poll(), deliver_completion(),
 	 * and takes no lock). */
 	PollLock lock;
+	/* Moved by resize_cq() under `lock` and, with a channel, the
+	 * channel's lock, under which ibv_get_cq_event() reads it. */
 	shm::CqRing *ring = nullptr;
 	uint64_t ring_off = 0;         /* in Segment::of(device) */
 	uint64_t ring_bytes = 0;

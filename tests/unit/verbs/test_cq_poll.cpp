@@ -5,7 +5,8 @@
  * threads produce into it get every completion exactly once and each
  * producer's in order; the thread inside a batch may poll and resize the
  * same CQ (the lock is recursive); a thread waiting for another's batch
- * sleeps instead of spinning and gets the lock as soon as the batch ends.
+ * sleeps instead of spinning and gets the lock as soon as the batch ends;
+ * a CQ resized while a completion event of its channel is taken.
  */
 #include "cqsrq_helpers.h"
 
@@ -226,4 +227,48 @@ TEST_CASE("CQ: a poller waiting for another thread's batch sleeps, and gets in w
 	/* ...and was let in at the end, not after a long sleep of its own. */
 	CHECK(std::chrono::duration<double, std::milli>(t1 - ended).count() < 100);
 	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
+/* ibv_get_cq_event() looks at every CQ of its channel (their rings' event
+ * counts) while another thread may resize one of them, which moves its
+ * ring: the move is made under the channel's lock. (ThreadSanitizer, which
+ * CI runs this under, reports the race without it.) */
+TEST_CASE("CQ: events are taken while another CQ of the channel is resized", "[cq][threads]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	/* `moving` first in the channel's list: every event looks at it. */
+	struct ibv_cq *moving = ibv_create_cq(d.ctx, 1, nullptr, ch, 0);
+	struct ibv_cq *busy = ibv_create_cq(d.ctx, 15, nullptr, ch, 0);
+	REQUIRE((moving && busy));
+	std::atomic<bool> resized{false};
+	std::atomic<int> resize_errors{0};
+	std::thread resizer([&] {
+		/* Each growth past the ring's capacity moves the ring. */
+		for (int cqe = 2; cqe <= 4096; cqe *= 2)
+			if (ibv_resize_cq(moving, cqe) != 0)
+				resize_errors++;
+		resized = true;
+	});
+	int wrong = 0;
+	for (uint64_t i = 1; i <= 200 || !resized.load(); i++) {
+		REQUIRE(ibv_req_notify_cq(busy, 0) == 0);
+		struct ibv_wc wc = make_wc(i);
+		REQUIRE(shmverbs_inject_completion(busy, &wc, 0) == 0);
+		struct ibv_cq *got = nullptr;
+		void *ctx = nullptr;
+		REQUIRE(ibv_get_cq_event(ch, &got, &ctx) == 0);
+		wrong += got != busy;
+		ibv_ack_cq_events(got, 1);
+		REQUIRE(ibv_poll_cq(busy, 1, &wc) == 1);
+		CHECK(wc.wr_id == i);
+	}
+	resizer.join();
+	CHECK(wrong == 0);
+	CHECK(resize_errors == 0);
+	CHECK(moving->cqe >= 4096);
+	CHECK(ibv_destroy_cq(busy) == 0);
+	CHECK(ibv_destroy_cq(moving) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
 }
