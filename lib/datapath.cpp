@@ -98,11 +98,15 @@ enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct
 		    !ref.permits(s.addr, s.length, access))
 			return IBV_WC_LOC_PROT_ERR;
 		if (ref->kind == KeyKind::NullMr) {
-			/* Writes are discarded, nothing is read. */
-			static thread_local std::vector<char> sink;
-			if (sink.size() < s.length)
-				sink.resize(s.length);
-			out.push_back({sink.data(), s.length});
+			/* Writes are discarded and reads return zeros
+			 * (ibv_alloc_null_mr(3)): data placed here goes to a
+			 * sink, data sent from here comes from zeros nothing
+			 * ever writes. */
+			static thread_local std::vector<char> sink, zeros;
+			std::vector<char> &v = (access & IBV_ACCESS_LOCAL_WRITE) ? sink : zeros;
+			if (v.size() < s.length)
+				v.resize(s.length);
+			out.push_back({v.data(), s.length});
 		} else {
 			out.push_back({reinterpret_cast<void *>(ref.address_of(s.addr)), s.length});
 		}

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <string>
 
 using namespace loopback;
 
@@ -332,4 +333,61 @@ TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path"
 		CHECK(wc.status == IBV_WC_RNR_RETRY_EXC_ERR);
 		CHECK(Pair::quiet(b));
 	}
+}
+
+/* ibv_alloc_null_mr(3): data placed into a null MR is discarded and data
+ * taken from it reads as zeros, whatever went into one before, also beside
+ * SGEs of ordinary MRs. */
+TEST_CASE("fast path: a null MR discards what a READ places and sources zeros",
+	  "[fastpath][lkey]")
+{
+	Pair p;
+	p.connect();
+	struct ibv_mr *null_mr = ibv_alloc_null_mr(p.pd);
+	REQUIRE(null_mr);
+	std::memset(p.a.at(0), 'A', 256);
+	std::memset(p.b.at(0), 'B', 1024);
+	auto post = [&](enum ibv_wr_opcode op, uint64_t wr_id, std::initializer_list<ibv_sge> sges,
+			uint64_t remote) {
+		std::vector<struct ibv_sge> sg(sges);
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.opcode = op;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.sg_list = sg.data();
+		wr.num_sge = int(sg.size());
+		wr.wr.rdma.remote_addr = remote;
+		wr.wr.rdma.rkey = p.b.mr->rkey;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == wr_id);
+		return wc.status;
+	};
+	/* The null MR's address is not memory: nothing lands at it. */
+	const struct ibv_sge null_sge = {p.a.addr(0), 64, null_mr->lkey};
+
+	/* READ: 64 bytes of 'B' go nowhere. */
+	CHECK(post(IBV_WR_RDMA_READ, 1, {null_sge}, p.b.addr(0)) == IBV_WC_SUCCESS);
+	CHECK(std::string(p.a.at(0), 64) == std::string(64, 'A'));
+
+	/* WRITE from it: zeros, not what the READ discarded. */
+	CHECK(post(IBV_WR_RDMA_WRITE, 2, {null_sge}, p.b.addr(256)) == IBV_WC_SUCCESS);
+	CHECK(std::string(p.b.at(256), 64) == std::string(64, '\0'));
+
+	/* Beside an ordinary SGE, in order: 8 bytes of 'A', then 64 zeros. */
+	const struct ibv_sge own = {p.a.addr(128), 8, p.a.mr->lkey};
+	CHECK(post(IBV_WR_RDMA_WRITE, 3, {own, null_sge}, p.b.addr(512)) == IBV_WC_SUCCESS);
+	CHECK(std::string(p.b.at(512), 8) == std::string(8, 'A'));
+	CHECK(std::string(p.b.at(520), 64) == std::string(64, '\0'));
+	CHECK(p.b.at(584)[0] == 'B');
+
+	/* A SEND from it carries zeros too. */
+	REQUIRE(Pair::post_recv(p.b, 40, 768, 128) == 0);
+	CHECK(post(IBV_WR_SEND, 4, {null_sge}, 0) == IBV_WC_SUCCESS);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.wr_id == 40 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 64));
+	CHECK(std::string(p.b.at(768), 64) == std::string(64, '\0'));
+	CHECK(ibv_dereg_mr(null_mr) == 0);
 }
