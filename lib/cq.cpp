@@ -8,6 +8,7 @@
  * (ibv_poll_cq, the extended poll API, channel events, overrun) is here.
  */
 #include "cq.h"
+#include "cq_produce.h"
 #include "datapath.h"
 #include "device.h"
 #include "process.h"
@@ -36,6 +37,39 @@ static_assert(std::is_standard_layout_v<Cq> && offsetof(Cq, ibv) == 0,
 	      "ibv_cq* and ibv_cq_ex* are converted to Cq*");
 static_assert(std::is_standard_layout_v<CompChannel> && offsetof(CompChannel, ibv) == 0,
 	      "ibv_comp_channel* is converted to CompChannel*");
+
+namespace cq_detail {
+
+/* getpid() is a system call (glibc keeps no cache), and every produced
+ * completion names its producer: cached, and forgotten in a forked child. */
+std::atomic<pid_t> cached_pid{0};
+
+pid_t own_pid_slow()
+{
+	static std::once_flag once;
+	std::call_once(once, [] {
+		pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); });
+	});
+	pid_t p = getpid();
+	cached_pid.store(p, std::memory_order_relaxed);
+	return p;
+}
+
+uint64_t monotonic_ns()
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+/* The CQ whose ibv_start_poll() batch this thread is inside (its lock held),
+ * if any: completions this thread produces into it meanwhile are deferred
+ * to end_poll() (see deliver_completion()). Read for every delivered
+ * completion: initial-exec, one %fs load instead of a __tls_get_addr call
+ * (as memshare's per-thread cache). */
+thread_local __attribute__((tls_model("initial-exec"))) Cq *polling_batch = nullptr;
+
+} // namespace cq_detail
 
 namespace {
 
@@ -101,12 +135,7 @@ SlotFor slot_for(uint64_t state, uint64_t index, unsigned capacity_log2)
 	return ahead <= lap_mask / 2 ? SlotFor::Later : SlotFor::Earlier;
 }
 
-shm::CqEntry *slot_at(shm::CqRing &ring, uint32_t capacity, uint64_t index)
-{
-	auto *slots = reinterpret_cast<shm::CqEntry *>(reinterpret_cast<char *>(&ring) +
-						       shm::cq_slots_offset);
-	return &slots[index & (capacity - 1)];
-}
+using cq_detail::slot_at;
 
 const shm::CqEntry *slot_at(const shm::CqRing &ring, uint32_t capacity, uint64_t index)
 {
@@ -152,27 +181,6 @@ void fill_entry(shm::CqEntry &e, const Completion &c)
 	e.timestamp_ns = c.timestamp_ns;
 }
 
-/* What fill_entry() writes for the Completion a PlainCompletion stands
- * for, without building it (the timestamp: produce_entry()). */
-void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
-{
-	e.wr_id = c.wr_id;
-	e.status = c.status;
-	e.opcode = c.opcode;
-	e.vendor_err = 0;
-	e.byte_len = c.byte_len;
-	e.imm_data = c.imm_data;
-	e.qp_num = c.qp_num;
-	e.src_qp = c.src_qp;
-	e.wc_flags = c.wc_flags;
-	e.pkey_index = 0;
-	e.slid = c.slid;
-	e.sl = c.sl;
-	e.dlid_path_bits = 0;
-	e.solicited = c.solicited;
-	e.raised_event = 0;
-}
-
 /* The ring stores CLOCK_MONOTONIC ns (the device's raw clock); the wall
  * clock time of that instant is the realtime clock shifted by the same
  * distance from now. */
@@ -206,33 +214,7 @@ void read_entry(const shm::CqEntry &e, Completion &c)
 
 unsigned log2_of(uint32_t capacity) { return unsigned(__builtin_ctz(capacity)); }
 
-/* getpid() is a system call (glibc keeps no cache), and every produced
- * completion names its producer: cached, and forgotten in a forked child. */
-std::atomic<pid_t> cached_pid{0};
-
-[[gnu::noinline]] pid_t own_pid_slow()
-{
-	static std::once_flag once;
-	std::call_once(once, [] {
-		pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); });
-	});
-	pid_t p = getpid();
-	cached_pid.store(p, std::memory_order_relaxed);
-	return p;
-}
-
-pid_t own_pid()
-{
-	pid_t p = cached_pid.load(std::memory_order_relaxed);
-	return p ? p : own_pid_slow();
-}
-
-uint64_t monotonic_ns()
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
+using cq_detail::monotonic_ns;
 
 /* Whether the producer `pid` that claimed slot `index` of `ring` and has not
  * filled it will never do so. Gone (kill: ESRCH): at once. A zombie (killed,
@@ -273,12 +255,7 @@ bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid)
 	       !r.overrun.load(std::memory_order_relaxed);
 }
 
-/* The CQ whose ibv_start_poll() batch this thread is inside (its lock held),
- * if any: completions this thread produces into it meanwhile are deferred
- * to end_poll() (see deliver_completion()). */
-/* Read for every delivered completion: initial-exec, one %fs load instead of
- * a __tls_get_addr call (as memshare's per-thread cache). */
-thread_local __attribute__((tls_model("initial-exec"))) Cq *polling_batch = nullptr;
+using cq_detail::polling_batch;
 
 } // namespace
 
@@ -344,7 +321,7 @@ int consume(shm::CqRing &ring, uint32_t capacity, int max, const std::atomic<uin
 		/* Free for the next lap (a dead producer's slot: skipped).
 		 * Release: our copy is done before a producer's claim (acquire
 		 * CAS) can see the slot free. */
-		e->state.store(shm::cq_slot_free | shm::cq_slot_tag(c + capacity, lg),
+		e->state.store(shm::cq_slot_free | shm::cq_slot_next_lap(tag),
 			       std::memory_order_release);
 		c++;
 	}
@@ -1035,34 +1012,23 @@ uint64_t cq_ring_bytes(uint32_t capacity)
 	return shm::cq_slots_offset + uint64_t(capacity) * sizeof(shm::CqEntry);
 }
 
-namespace {
+namespace cq_detail {
 
-/* The producer's protocol (cq_ring_produce()); `fill(entry)` writes every
- * field of a claimed entry but its state. `solicited`: the completion
- * counts as solicited (counts_as_solicited()); `stamped`: it comes with its
- * timestamp. */
-template <typename Fill>
-int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, Fill &&fill,
-		  int channel_fd, bool *overrun_now, uint64_t *cons_seen)
+/* produce()'s claim beyond the hinted index (shm_layout.h CqRing): from
+ * max(prod, cons) on, the first index whose slot is free for it, cons
+ * re-read when the ring looks full or the hint is behind it. */
+shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uint64_t cons,
+			 uint64_t &p, uint64_t &tag, bool *overrun_now, uint64_t *cons_seen,
+			 int &err)
 {
-	if (overrun_now)
-		*overrun_now = false;
-	if (ring.overrun.load(std::memory_order_acquire))
-		return ENOSPC; /* an overrun CQ is in error for good */
 	const unsigned lg = log2_of(capacity);
-	const uint64_t pid = uint32_t(own_pid());
 	const uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
-	/* cons only grows, so a copy never overstates the room; a copy ahead
-	 * of the ring's indices is another ring's (a CQ made anew at that
-	 * place). Pairs with the consumer's release store of cons. */
-	uint64_t cons = cons_seen ? *cons_seen : ring.cons.load(std::memory_order_acquire);
-	/* Where the last producer claimed (a hint: see shm_layout.h CqRing). */
-	uint64_t p = ring.prod.load(std::memory_order_relaxed);
-	shm::CqEntry *e;
 	for (;;) {
 		if (p < cons || p - cons >= limit) {
 			/* Full by this copy of cons, or the hint is behind it:
-			 * decide on a fresh one. */
+			 * decide on a fresh one. A copy ahead of the ring's
+			 * indices is another ring's (a CQ made anew at that
+			 * place). */
 			const uint64_t fresh = ring.cons.load(std::memory_order_acquire);
 			if (cons_seen)
 				*cons_seen = fresh;
@@ -1074,112 +1040,73 @@ int produce_entry(shm::CqRing &ring, uint32_t capacity, bool sol, bool stamped, 
 				p = cons; /* every index below cons was claimed */
 				continue;
 			}
+			err = ENOSPC;
 			if (ring.ignore_overrun.load(std::memory_order_relaxed))
-				return ENOSPC;
+				return nullptr;
 			uint32_t zero = 0;
 			bool first = ring.overrun.compare_exchange_strong(zero, 1);
 			if (overrun_now)
 				*overrun_now = first;
-			return ENOSPC;
+			return nullptr;
 		}
-		e = slot_at(ring, capacity, p);
-		const uint64_t tag = shm::cq_slot_tag(p, lg);
+		shm::CqEntry *e = slot_at(ring, capacity, p);
+		tag = shm::cq_slot_tag(p, lg);
 		uint64_t st = shm::cq_slot_free | tag;
-		/* The claim carries our pid: if we die from here on, the
-		 * consumer sees who held the slot. Acquire pairs with the
-		 * consumer's release store that freed it. */
 		if (e->state.compare_exchange_strong(st, shm::cq_slot_claimed | tag | pid,
 						     std::memory_order_acquire,
 						     std::memory_order_relaxed))
-			break;
+			return e;
 		/* Index p is taken (maybe consumed already): the next one. A
 		 * slot still of the lap before p's cannot be, with p - cons
 		 * below the capacity (the consumer frees a slot before cons
 		 * passes it): only a corrupt ring has one, and it is full. */
-		if (slot_for(st, p, lg) == SlotFor::Earlier)
-			return ENOSPC;
+		if (slot_for(st, p, lg) == SlotFor::Earlier) {
+			err = ENOSPC;
+			return nullptr;
+		}
 		p++;
 	}
-	/* For the next producer; a plain store, as it is only a hint. Not
-	 * moved back when a faster producer moved it further meanwhile
-	 * (it may still be, by a race: the next producer then steps over the
-	 * taken slots). */
-	if (ring.prod.load(std::memory_order_relaxed) <= p)
-		ring.prod.store(p + 1, std::memory_order_relaxed);
-	fill(*e);
-	/* The completion's time is when it is written; only CQs that report
-	 * it pay for the clock (an entry may come stamped: the test hook). */
-	if (ring.timestamps && !stamped)
-		e->timestamp_ns = monotonic_ns();
-	const uint64_t ready = shm::cq_slot_ready | shm::cq_slot_tag(p, lg);
-	if (channel_fd < 0) {
-		/* No event can be delivered: the release store pairs with the
-		 * consumer's load of the state, and nothing else is ordered. */
-		e->state.store(ready, std::memory_order_release);
-		return 0;
-	}
+}
+
+void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bool solicited,
+			  int channel_fd)
+{
 	/* Armed already: the entry carries its event, which is counted
 	 * before the consumer can see the entry (shm_layout.h CqRing). */
-	const bool raised = disarm(ring, sol);
-	e->raised_event = raised;
+	const bool raised = disarm(ring, solicited);
+	e.raised_event = raised;
 	/* Publish, then look at the arm (again): ordered against
 	 * req_notify_cq's store of the arm and its poll after it. */
-	e->state.store(ready, std::memory_order_seq_cst);
-	if (raised || disarm(ring, sol))
+	e.state.store(ready, std::memory_order_seq_cst);
+	if (raised || disarm(ring, solicited))
 		write_token(channel_fd);
-	return 0;
 }
 
-} // namespace
-
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
-		    bool *overrun_now, uint64_t *cons_seen)
-{
-	return produce_entry(
-		ring, capacity, counts_as_solicited(c), c.timestamp_ns != 0,
-		[&](shm::CqEntry &e) { fill_entry(e, c); }, channel_fd, overrun_now, cons_seen);
-}
-
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const PlainCompletion &c, int channel_fd,
-		    uint64_t *cons_seen)
-{
-	return produce_entry(
-		ring, capacity, c.solicited || c.status != IBV_WC_SUCCESS, false,
-		[&](shm::CqEntry &e) { fill_plain(e, c); }, channel_fd, nullptr, cons_seen);
-}
-
-namespace {
-
-/* deliver_send_completion() from inside a poll batch of the CQ: deferred
- * as a whole Completion (deliver_completion()). Out of line: rare. */
-[[gnu::noinline]] int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-					    enum ibv_wc_opcode opcode, uint32_t qp_num,
-					    uint32_t byte_len)
+int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
+			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len)
 {
 	Completion c = make_completion(wr_id, status, opcode, qp_num);
 	c.wc.byte_len = byte_len;
 	return deliver_completion(cq, c);
 }
 
-} // namespace
-
-int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-			    enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len)
+void report_overrun_locked(Cq &cq)
 {
-	if (polling_batch == &cq) [[unlikely]]
-		return defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len);
-	/* What fill_entry() writes for that Completion, without building it
-	 * (the timestamp: produce_entry()). */
-	const PlainCompletion c{wr_id, status, opcode, byte_len, 0, qp_num, 0, 0, false, 0, 0};
-	bool overrun_now = false;
-	int err = produce_entry(*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false,
-				[&](shm::CqEntry &e) { fill_plain(e, c); },
-				cq.channel ? cq.channel->ibv.fd : -1, &overrun_now, nullptr);
-	if (overrun_now) {
-		std::lock_guard guard(cq.lock);
-		report_overrun(cq);
-	}
-	return err;
+	std::lock_guard guard(cq.lock);
+	report_overrun(cq);
+}
+
+} // namespace cq_detail
+
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
+		    bool *overrun_now, uint64_t *cons_seen)
+{
+	return cq_detail::produce(
+		ring, capacity, counts_as_solicited(c), c.timestamp_ns != 0,
+		[&](shm::CqEntry &e) {
+			fill_entry(e, c);
+		},
+		channel_fd, overrun_now, cons_seen);
 }
 
 int deliver_completion(Cq &cq, const Completion &c)

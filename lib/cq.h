@@ -255,11 +255,9 @@ int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
  * Thread-safe; may be called from inside a poll batch of the same thread.
  */
 int deliver_completion(Cq &cq, const Completion &c);
-/* deliver_completion() of a send completion: the given fields, every other
- * one zero (not solicited, no timestamp given), without building a
- * Completion on the common path. */
-int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-			    enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len);
+/* deliver_send_completion(): deliver_completion() of a send completion
+ * (the given fields, every other one zero: not solicited, no timestamp
+ * given) without building a Completion; inline in lib/cq_produce.h. */
 
 /*
  * The producer side for any process: appends to a CQ ring (mapped from the
@@ -274,8 +272,8 @@ int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
  */
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
 		    bool *overrun_now = nullptr, uint64_t *cons_seen = nullptr);
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const PlainCompletion &c, int channel_fd,
-		    uint64_t *cons_seen);
+/* The same for a PlainCompletion (the data path's): inline in
+ * lib/cq_produce.h. */
 /* The consumer side (the owner, under its CQ lock): takes the oldest
  * published completion; skips slots whose producer died holding them.
  * false when there is none ready. */

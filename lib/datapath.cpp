@@ -3,6 +3,7 @@
 #include "datapath_internal.h"
 
 #include "ah.h"
+#include "cq_produce.h"
 
 #include "log.h"
 #include "mr.h"

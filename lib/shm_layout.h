@@ -239,6 +239,15 @@ constexpr uint64_t cq_slot_tag(uint64_t index, unsigned capacity_log2)
 {
 	return ((index >> capacity_log2) << 32) & cq_slot_tag_mask;
 }
+/* The tag of the index one lap after the one tagged `tag`: cq_slot_tag(index
+ * + capacity) from cq_slot_tag(index), without the shifts. */
+constexpr uint64_t cq_slot_next_lap(uint64_t tag)
+{
+	return (tag + (1ull << 32)) & cq_slot_tag_mask;
+}
+static_assert(cq_slot_next_lap(cq_slot_tag(5, 2)) == cq_slot_tag(5 + 4, 2) &&
+	      cq_slot_next_lap(cq_slot_tag((1ull << 32) - 1, 2)) == cq_slot_tag(1ull << 32, 2) &&
+	      cq_slot_next_lap(cq_slot_tag(((1ull << 30) - 1) << 3, 3)) == cq_slot_tag(1ull << 33, 3));
 
 constexpr uint32_t cq_magic = 0x51435143; /* "CQCQ" */
 

@@ -20,6 +20,7 @@
 
 #include "ah.h"
 #include "broker_socket.h"
+#include "cq_produce.h"
 #include "datapath.h"
 #include "datapath_internal.h"
 #include "device.h"
