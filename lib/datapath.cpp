@@ -1481,25 +1481,41 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;
 }
 
-/* The local pieces: on the stack for the common WR of one SGE or inline
- * piece (up to 4), else in the engine's vector. Empty pieces are left out,
+/* The local pieces: on the stack for the common WR of up to 4 SGEs or
+ * inline pieces, else in the engine's vector. Empty pieces are left out,
  * as local_iovecs() leaves them: no copy ever gets a length of 0 (and a
- * pointer that may be null). */
+ * pointer that may be null). The stack case checks each lkey as
+ * local_iovecs() does; a null MR (a sink to write into) takes the vector
+ * path, which has the sink. */
 bool QpEngine::direct_local(std::span<const struct ibv_sge> sge, bool inlined, uint32_t access,
 			    struct iovec (&few)[4], std::span<const struct iovec> &local,
 			    uint64_t &length)
 {
 	length = 0;
-	if (inlined && sge.size() <= std::size(few)) {
+	if (sge.size() <= std::size(few)) {
 		size_t n = 0;
 		for (const struct ibv_sge &s : sge) {
-			if (s.length)
-				few[n++] = {reinterpret_cast<void *>(s.addr), s.length};
 			length += s.length;
+			if (!s.length)
+				continue;
+			uint64_t at = s.addr;
+			if (!inlined) {
+				const KeyRef *ref = local_refs_.get(local_keys_, s.lkey);
+				if (ref && (*ref)->kind == KeyKind::NullMr)
+					goto vector_path;
+				if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, access)) {
+					local_refs_.end_wr();
+					return false;
+				}
+				at = ref->address_of(s.addr);
+			}
+			few[n++] = {reinterpret_cast<void *>(at), s.length};
 		}
 		local = std::span(few, n);
 		return true;
 	}
+vector_path:
+	length = 0;
 	local_iov_.clear();
 	if (inlined) {
 		for (const struct ibv_sge &s : sge) {
@@ -1588,7 +1604,7 @@ bool QpEngine::send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment
 	if (!rq.head.compare_exchange_strong(head, head + 1, std::memory_order_acq_rel))
 		return false;
 	for (const struct iovec &v : local) {
-		std::memcpy(to, v.iov_base, v.iov_len);
+		copy_payload(to, v.iov_base, v.iov_len);
 		to += v.iov_len;
 	}
 	const bool imm = wr.op.opcode == IBV_WR_SEND_WITH_IMM;
@@ -1642,7 +1658,7 @@ int QpEngine::remote_write(const PeerSegment &peer, const KeyEntry &mr, uint64_t
 				      : cached_window(peer, mr, addr, local->iov_len);
 		if (!to)
 			return remote_memory_for(peer, mr).write(peer, mr, addr, local, 1);
-		std::memcpy(to, local->iov_base, local->iov_len);
+		copy_payload(to, local->iov_base, local->iov_len);
 		return 0;
 	}
 	uint64_t total = 0;
@@ -1667,7 +1683,7 @@ int QpEngine::remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t 
 					      : cached_window(peer, mr, addr, local->iov_len);
 		if (!from)
 			return remote_memory_for(peer, mr).read(peer, mr, addr, local, 1);
-		std::memcpy(local->iov_base, from, local->iov_len);
+		copy_payload(local->iov_base, from, local->iov_len);
 		return 0;
 	}
 	uint64_t total = 0;

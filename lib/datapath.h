@@ -395,6 +395,7 @@ private:
 	 * the next WRs of the post (only for a target whose segments the
 	 * engine keeps, ud_target_). */
 	void ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key);
+	void produce_recv(UdTarget &t, const PlainCompletion &rc);
 	void flush_locked();
 	void snapshot_attr();
 	/* Takes target QP `t`'s in-flight count into held_ (sq_lock_ held),

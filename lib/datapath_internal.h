@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace shmverbs::dp {
@@ -40,10 +41,47 @@ bool peer_rq(const PeerSegment &seg, uint64_t off, PeerRq &out);
  * consumers); false when empty. SRQ rings: checks the armed limit. */
 bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &sges);
 
+/* consume_wqe() for the common receive of one SGE, without the vector:
+ * false when the ring is empty or when the WQE at head has another number
+ * of SGEs (`other` is then set, and consume_wqe() takes it). */
+inline bool consume_wqe_one_sge(const PeerRq &q, shm::RecvWqe &wqe, shm::RecvSge &sge,
+				bool &other);
+
 /* The producer's side (the ring's owner, under its post lock): writes
  * `wr` into `slot` as ring index `index` and publishes it (RecvWqe::seq).
  * The caller then advances tail. */
 void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index);
+
+/* memcpy() for the data path's payloads, which are mostly a few bytes: up
+ * to 16 bytes in two overlapping moves of the compiler's own, without a
+ * call into libc (a call and its size dispatch cost more than the copy of
+ * a small message). */
+[[gnu::always_inline]] inline void copy_payload(void *to, const void *from, size_t n)
+{
+	char *d = static_cast<char *>(to);
+	const char *s = static_cast<const char *>(from);
+	if (n > 16) {
+		std::memcpy(d, s, n);
+	} else if (n >= 8) {
+		uint64_t a, b;
+		std::memcpy(&a, s, 8);
+		std::memcpy(&b, s + n - 8, 8);
+		std::memcpy(d, &a, 8);
+		std::memcpy(d + n - 8, &b, 8);
+	} else if (n >= 4) {
+		uint32_t a, b;
+		std::memcpy(&a, s, 4);
+		std::memcpy(&b, s + n - 4, 4);
+		std::memcpy(d, &a, 4);
+		std::memcpy(d + n - 4, &b, 4);
+	} else if (n) {
+		/* 1 to 3 bytes: first, middle, last (some the same). */
+		const char a = s[0], b = s[n / 2], c = s[n - 1];
+		d[0] = a;
+		d[n / 2] = b;
+		d[n - 1] = c;
+	}
+}
 
 /* RecvWqe::seq of a slot, the word producer and consumers synchronize on. */
 inline std::atomic_ref<uint32_t> rq_slot_seq(char *slot)
@@ -67,5 +105,44 @@ namespace shmverbs::dp {
 /* An SRQ's ring, resolved through the broker (cached; a stale cache entry
  * is refreshed once). false when no such SRQ is published. */
 bool peer_srq(uint32_t device, uint32_t srqn, PeerObject &obj, PeerRq &q);
+
+} // namespace shmverbs::dp
+
+namespace shmverbs::dp {
+
+inline bool consume_wqe_one_sge(const PeerRq &q, shm::RecvWqe &wqe, shm::RecvSge &sge,
+				bool &other)
+{
+	char *slots = reinterpret_cast<char *>(q.rq) + shm::rq_slots_offset;
+	uint64_t head = q.rq->head.load(std::memory_order_acquire);
+	other = false;
+	for (;;) {
+		char *slot = slots + (head & (q.entries - 1)) * q.stride;
+		/* Pairs with the producer's release store of seq (post_recv). */
+		const uint32_t seq = rq_slot_seq(slot).load(std::memory_order_acquire);
+		if (seq != uint32_t(head + 1)) {
+			/* Not posted yet, unless head moved on meanwhile. */
+			const uint64_t now = q.rq->head.load(std::memory_order_acquire);
+			if (now == head)
+				return false;
+			head = now;
+			continue;
+		}
+		std::memcpy(&wqe, slot, offsetof(shm::RecvWqe, seq));
+		if (wqe.num_sge != 1 || q.max_sge < 1) {
+			other = true;
+			return false;
+		}
+		wqe.seq = seq;
+		std::memcpy(&sge, slot + sizeof(wqe), sizeof(sge));
+		/* The slot is rewritten only after head passed it: the copy
+		 * is intact if this succeeds. */
+		if (q.rq->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) {
+			if (q.rq->srqn)
+				srq_ring_note_consumed(*q.rq, head + 1);
+			return true;
+		}
+	}
+}
 
 } // namespace shmverbs::dp

@@ -333,10 +333,16 @@ bool takes_messages(uint32_t st)
 [[gnu::always_inline]] inline void QpEngine::ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key)
 {
 	PeerRq q{t.rq, t.rq_entries, t.rq_max_sge, t.rq_stride};
-	shm::RecvWqe wqe{};
+	shm::RecvWqe wqe;
 	std::vector<shm::RecvSge> &rsges = recv_sges_;
-	if (!consume_wqe(q, wqe, rsges))
+	shm::RecvSge one;
+	bool other = false;
+	if (consume_wqe_one_sge(q, wqe, one, other)) {
+		rsges.resize(1);
+		rsges[0] = one;
+	} else if (!other || !consume_wqe(q, wqe, rsges)) {
 		return; /* no receive posted: dropped */
+	}
 
 	/* pkey_index 0, dlid_path_bits 0 (LMC 0): PlainCompletion's zeros. */
 	PlainCompletion rc{wqe.wr_id,
@@ -350,15 +356,36 @@ bool takes_messages(uint32_t st)
 			   m.solicited,
 			   m.slid,
 			   m.sl};
+	const PeerSegment &rq_seg = *t.rq_seg;
+	const uint64_t total = m.length + grh_bytes;
+	if (rsges.size() == 1 && hold_key && rsges[0].length >= total) {
+		/* The common receive: one SGE that takes the GRH area and the
+		 * payload, its key held between WRs; the loop below with
+		 * nothing to decide. */
+		const shm::RecvSge &s = rsges[0];
+		const KeyRef &ref = held_.recv_key.get(rq_seg, s.lkey);
+		char *to = nullptr;
+		if (ref && ref->pdn == t.rq_pdn && ref.permits(s.addr, total, IBV_ACCESS_LOCAL_WRITE)) {
+			const uint64_t at = ref.address_of(s.addr);
+			to = rq_seg.local ? reinterpret_cast<char *>(at)
+					  : cached_window(rq_seg, *ref, at, total);
+		}
+		if (to) {
+			if (m.grh)
+				std::memcpy(to, m.grh, grh_bytes);
+			copy_payload(to + grh_bytes, m.data, m.length);
+			produce_recv(t, rc);
+			return;
+		}
+		/* A refused key or another memory path: the loop decides. */
+	}
 	uint64_t room = 0;
 	for (const shm::RecvSge &s : rsges)
 		room += s.length;
-	const PeerSegment &rq_seg = *t.rq_seg;
-	if (m.length + grh_bytes > room) {
+	if (total > room) {
 		rc.status = IBV_WC_LOC_LEN_ERR;
 	} else {
 		/* Scatter GRH (if any) + payload over the receive SGEs. */
-		const uint64_t total = m.length + grh_bytes;
 		uint64_t pos = 0;
 		KeyRef own_ref;
 		for (const shm::RecvSge &s : rsges) {
@@ -415,6 +442,13 @@ bool takes_messages(uint32_t st)
 			pos += n;
 		}
 	}
+	produce_recv(t, rc);
+}
+
+/* The receive completion of a message into `t`; one in error puts the
+ * target into ERR (its owner acts on the descriptor's remote_error). */
+[[gnu::always_inline]] inline void QpEngine::produce_recv(UdTarget &t, const PlainCompletion &rc)
+{
 	if (t.cq)
 		cq_ring_produce(*t.cq, t.cq_cap, rc,
 				t.desc->recv_cq_has_channel

@@ -336,8 +336,9 @@ TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path"
 }
 
 /* ibv_alloc_null_mr(3): data placed into a null MR is discarded and data
- * taken from it reads as zeros, whatever went into one before, also beside
- * SGEs of ordinary MRs. */
+ * taken from it reads as zeros, whatever went into one before. The direct
+ * path hands null-MR SGEs to the general one (lib/datapath.cpp
+ * direct_local), with SGEs of ordinary MRs beside them. */
 TEST_CASE("fast path: a null MR discards what a READ places and sources zeros",
 	  "[fastpath][lkey]")
 {

@@ -1185,3 +1185,50 @@ TEST_CASE("UD: 20000 sends on to a destroyed QP complete and reach nobody", "[ud
 	CHECK(sends == 1);
 	ibv_destroy_ah(ah);
 }
+
+/* The common receive (one SGE for the GRH area and the payload) has its own
+ * short path in the sender (lib/ud.cpp ud_deliver); a receive of two SGEs,
+ * the GRH apart from the payload, or of one SGE too small, takes the
+ * general scatter. Each in order, on one QP. */
+TEST_CASE("UD: a receive of two SGEs gets the GRH and the payload apart; one too small fails",
+	  "[ud]")
+{
+	UdPair p;
+	char *buf = p.d.buf.data();
+	std::memset(buf + 4096, 0xee, 512);
+	/* 1: two SGEs, 40 bytes then 64. */
+	struct ibv_sge two[2] = {p.d.sge(4096, 40), p.d.sge(4200, 64)};
+	struct ibv_recv_wr rwr{}, *rbad = nullptr;
+	rwr.wr_id = 1;
+	rwr.sg_list = two;
+	rwr.num_sge = 2;
+	REQUIRE(ibv_post_recv(p.b, &rwr, &rbad) == 0);
+	/* 2: one SGE, 40 + 8 bytes, for a message of 9. */
+	REQUIRE(post_rq(p.b, p.d.sge(4352, 48), 2) == 0);
+	std::memcpy(buf, "two-sge-payload!", 16);
+	struct ibv_ah *global = p.ah(true);
+	REQUIRE(global);
+	REQUIRE(send(p.a, p.d.sge(0, 16), 10, global, p.b->qp_num) == 0);
+	REQUIRE(send(p.a, p.d.sge(0, 9), 11, global, p.b->qp_num) == 0);
+	std::vector<struct ibv_wc> recv;
+	for (int i = 0; i < 4; i++) {
+		struct ibv_wc wc;
+		REQUIRE(poll_one(p.cq, wc) == 1);
+		if (wc.opcode == IBV_WC_RECV || wc.status != IBV_WC_SUCCESS)
+			recv.push_back(wc);
+		else
+			CHECK((wc.wr_id == 10 || wc.wr_id == 11));
+	}
+	REQUIRE(recv.size() == 2);
+	CHECK((recv[0].wr_id == 1 && recv[0].status == IBV_WC_SUCCESS));
+	CHECK(recv[0].byte_len == 40 + 16);
+	CHECK((recv[0].wc_flags & IBV_WC_GRH));
+	/* The GRH in the first SGE (IPv6 version nibble), the payload at the
+	 * start of the second. */
+	CHECK((uint8_t(buf[4096]) >> 4) == 6);
+	CHECK(std::memcmp(buf + 4200, "two-sge-payload!", 16) == 0);
+	CHECK(uint8_t(buf[4200 + 16]) == 0xee);
+	CHECK(recv[1].wr_id == 2);
+	CHECK(recv[1].status == IBV_WC_LOC_LEN_ERR);
+	ibv_destroy_ah(global);
+}
