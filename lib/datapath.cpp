@@ -1184,6 +1184,10 @@ bool QpEngine::progress()
 				if (pos >= length + skip)
 					break;
 				uint64_t n = std::min<uint64_t>(s.length, length + skip - pos);
+				if (s.lkey == null_mr_key) { /* its bytes are dropped */
+					pos += n;
+					continue;
+				}
 				/* The buffer's key, held while we write (its
 				 * dereg_mr waits); kept between WRs and posts when
 				 * in the target's own segment, which target_
@@ -1590,7 +1594,7 @@ bool QpEngine::send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment
 			return false;
 		shm::RecvSge s;
 		std::memcpy(&s, slot + sizeof(wqe), sizeof(s));
-		if (s.length < length)
+		if (s.length < length || s.lkey == null_mr_key)
 			return false;
 		/* Held as execute() holds it: kept for the next WRs. */
 		const KeyRef &ref = held_.recv_key.get(peer, s.lkey);

@@ -124,6 +124,7 @@ KeyTable::KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space, int s
 	null_slot.entry.length = UINT64_MAX;
 	null_slot.entry.owner_pid = static_cast<int32_t>(getpid());
 	null_key_ = make_key(null_index, 0);
+	static_assert(make_key(null_index, 0) == null_mr_key);
 	null_slot.key.store(null_key_, std::memory_order_release);
 }
 

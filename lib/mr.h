@@ -122,6 +122,11 @@ extern void (*key_withdrawn_hook)(const KeySlot &slot);
  * that the owner's dereg_mr is not held up if we die meanwhile. */
 KeyRef acquire_remote_key(KeySlot &slot, uint32_t key);
 
+/* The lkey of the null MR (ibv_alloc_null_mr()) in every key table: a
+ * receive SGE that names it in any process drops its bytes, without a look
+ * at that process's table (KeyTable: index 2, variant 0). */
+constexpr uint32_t null_mr_key = make_key(2, 0);
+
 /* A held key: the entry stays as it is until the KeyRef is released. */
 class KeyRef {
 public:

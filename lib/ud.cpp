@@ -358,7 +358,8 @@ bool takes_messages(uint32_t st)
 			   m.sl};
 	const PeerSegment &rq_seg = *t.rq_seg;
 	const uint64_t total = m.length + grh_bytes;
-	if (rsges.size() == 1 && hold_key && rsges[0].length >= total) {
+	if (rsges.size() == 1 && hold_key && rsges[0].length >= total &&
+	    rsges[0].lkey != null_mr_key) {
 		/* The common receive: one SGE that takes the GRH area and the
 		 * payload, its key held between WRs; the loop below with
 		 * nothing to decide. */
@@ -392,6 +393,10 @@ bool takes_messages(uint32_t st)
 			if (pos >= total)
 				break;
 			uint64_t n = std::min<uint64_t>(s.length, total - pos);
+			if (s.lkey == null_mr_key) { /* its bytes are dropped */
+				pos += n;
+				continue;
+			}
 			/* The buffer's key, held in the target's table while we
 			 * write (its dereg_mr waits); kept for the next WRs and
 			 * posts when allowed, while the key is still published.

@@ -392,3 +392,47 @@ TEST_CASE("fast path: a null MR discards what a READ places and sources zeros",
 	CHECK(std::string(p.b.at(768), 64) == std::string(64, '\0'));
 	CHECK(ibv_dereg_mr(null_mr) == 0);
 }
+
+/* ibv_alloc_null_mr(3): "upon ibv_post_recv() the device skips PCI write
+ * cycles": a receive SGE of the null MR takes its bytes and drops them
+ * (a UD receiver can so skip the GRH), the others get theirs. */
+TEST_CASE("fast path: a receive SGE of the null MR takes its bytes and drops them",
+	  "[fastpath][lkey]")
+{
+	Pair p;
+	p.connect();
+	struct ibv_mr *null_mr = ibv_alloc_null_mr(p.pd);
+	REQUIRE(null_mr);
+	std::memset(p.b.at(0), 'B', 2048);
+	std::memcpy(p.a.at(0), "0123456789abcdef", 16);
+	auto recv_into = [&](uint64_t wr_id, std::initializer_list<ibv_sge> sges) {
+		std::vector<struct ibv_sge> sg(sges);
+		struct ibv_recv_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.sg_list = sg.data();
+		wr.num_sge = int(sg.size());
+		return ibv_post_recv(p.b.qp, &wr, &bad);
+	};
+	auto send16 = [&](uint64_t wr_id) {
+		struct ibv_wc wc{};
+		REQUIRE(Pair::post8(p.a, IBV_WR_SEND, wr_id) == 0);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK((wc.wr_id == wr_id && wc.status == IBV_WC_SUCCESS));
+		REQUIRE(Pair::wait_wc(p.b, wc));
+		return wc;
+	};
+	/* All of it into the null MR: nothing lands at its address. */
+	REQUIRE(recv_into(1, {{p.b.addr(1024), 64, null_mr->lkey}}) == 0);
+	struct ibv_wc wc = send16(10);
+	CHECK((wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 8));
+	CHECK(std::string(p.b.at(1024), 64) == std::string(64, 'B'));
+	/* The first 4 bytes dropped, the rest into the buffer. */
+	REQUIRE(recv_into(2, {{p.b.addr(1024), 4, null_mr->lkey}, {p.b.addr(256), 64, p.b.mr->lkey}}) ==
+		0);
+	wc = send16(11);
+	CHECK((wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 8));
+	CHECK(std::string(p.b.at(256), 4) == "4567");
+	CHECK(p.b.at(260)[0] == 'B');
+	CHECK(std::string(p.b.at(1024), 8) == std::string(8, 'B'));
+	CHECK(ibv_dereg_mr(null_mr) == 0);
+}

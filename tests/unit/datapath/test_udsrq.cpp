@@ -1232,3 +1232,38 @@ TEST_CASE("UD: a receive of two SGEs gets the GRH and the payload apart; one too
 	CHECK(recv[1].status == IBV_WC_LOC_LEN_ERR);
 	ibv_destroy_ah(global);
 }
+
+/* A UD receiver that keeps no GRH: the null MR (ibv_alloc_null_mr(3))
+ * takes the 40 bytes and drops them, the payload goes to the next SGE. */
+TEST_CASE("UD: a receive SGE of the null MR drops the GRH", "[ud]")
+{
+	UdPair p;
+	char *buf = p.d.buf.data();
+	std::memset(buf + 4096, 0xee, 512);
+	struct ibv_mr *null_mr = ibv_alloc_null_mr(p.d.pd);
+	REQUIRE(null_mr);
+	struct ibv_sge two[2] = {p.d.sge(4096, 40), p.d.sge(4200, 64)};
+	two[0].lkey = null_mr->lkey;
+	struct ibv_recv_wr rwr{}, *rbad = nullptr;
+	rwr.wr_id = 1;
+	rwr.sg_list = two;
+	rwr.num_sge = 2;
+	REQUIRE(ibv_post_recv(p.b, &rwr, &rbad) == 0);
+	std::memcpy(buf, "no-grh-wanted", 13);
+	struct ibv_ah *global = p.ah(true);
+	REQUIRE(global);
+	REQUIRE(send(p.a, p.d.sge(0, 13), 10, global, p.b->qp_num) == 0);
+	struct ibv_wc recv{};
+	for (int i = 0; i < 2; i++) {
+		struct ibv_wc wc;
+		REQUIRE(poll_one(p.cq, wc) == 1);
+		if (wc.opcode == IBV_WC_RECV)
+			recv = wc;
+	}
+	CHECK((recv.wr_id == 1 && recv.status == IBV_WC_SUCCESS));
+	CHECK(recv.byte_len == 40 + 13);
+	CHECK(uint8_t(buf[4096]) == 0xee); /* nothing at the null MR's address */
+	CHECK(std::memcmp(buf + 4200, "no-grh-wanted", 13) == 0);
+	ibv_destroy_ah(global);
+	CHECK(ibv_dereg_mr(null_mr) == 0);
+}
