@@ -154,26 +154,13 @@ inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status st
 {
 	if (cq_detail::polling_batch == &cq) [[unlikely]]
 		return cq_detail::defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len);
+	/* Built here and copied field by field by fill_plain(): inline, the
+	 * compiler stores the constants straight into the entry. */
+	const PlainCompletion c{wr_id, status, opcode, byte_len, 0, qp_num, 0, 0, false, 0, 0};
 	bool overrun_now = false;
 	const int err = cq_detail::produce(
 		*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false,
-		[&](shm::CqEntry &e) {
-			e.wr_id = wr_id;
-			e.status = status;
-			e.opcode = opcode;
-			e.vendor_err = 0;
-			e.byte_len = byte_len;
-			e.imm_data = 0;
-			e.qp_num = qp_num;
-			e.src_qp = 0;
-			e.wc_flags = 0;
-			e.pkey_index = 0;
-			e.slid = 0;
-			e.sl = 0;
-			e.dlid_path_bits = 0;
-			e.solicited = 0;
-			e.raised_event = 0;
-		},
+		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); },
 		cq.channel ? cq.channel->ibv.fd : -1, &overrun_now, nullptr);
 	if (overrun_now) [[unlikely]]
 		cq_detail::report_overrun_locked(cq);
