@@ -40,21 +40,6 @@ static_assert(std::is_standard_layout_v<CompChannel> && offsetof(CompChannel, ib
 
 namespace cq_detail {
 
-/* getpid() is a system call (glibc keeps no cache), and every produced
- * completion names its producer: cached, and forgotten in a forked child. */
-std::atomic<pid_t> cached_pid{0};
-
-pid_t own_pid_slow()
-{
-	static std::once_flag once;
-	std::call_once(once, [] {
-		pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); });
-	});
-	pid_t p = getpid();
-	cached_pid.store(p, std::memory_order_relaxed);
-	return p;
-}
-
 uint64_t monotonic_ns()
 {
 	struct timespec ts;
@@ -1103,10 +1088,7 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 {
 	return cq_detail::produce(
 		ring, capacity, counts_as_solicited(c), c.timestamp_ns != 0,
-		[&](shm::CqEntry &e) {
-			fill_entry(e, c);
-		},
-		channel_fd, overrun_now, cons_seen);
+		[&](shm::CqEntry &e) { fill_entry(e, c); }, channel_fd, overrun_now, cons_seen);
 }
 
 int deliver_completion(Cq &cq, const Completion &c)

@@ -6,12 +6,13 @@
  * CAS and the stores of the entry, with nothing built on the stack and
  * copied again and no call; whatever is out of the ordinary (the hint
  * stale, the ring full, a channel whose arm must be looked at, a clock to
- * read) is out of line in lib/cq.cpp. cq_ring_produce() and
- * deliver_send_completion() (cq.h) are these with a Completion.
+ * read) is out of line in lib/cq.cpp, and so is cq_ring_produce() of a
+ * whole Completion (cq.h), which takes the same protocol.
  */
 #pragma once
 
 #include "cq.h"
+#include "mr.h"
 #include "shm_layout.h"
 
 #include <algorithm>
@@ -22,16 +23,6 @@
 namespace shmverbs {
 
 namespace cq_detail {
-
-/* This process's pid as the claims carry it (getpid() is a system call):
- * cached, forgotten in a forked child. */
-extern std::atomic<pid_t> cached_pid;
-pid_t own_pid_slow();
-inline uint32_t own_pid()
-{
-	pid_t p = cached_pid.load(std::memory_order_relaxed);
-	return uint32_t(p ? p : own_pid_slow());
-}
 
 /* The CQ whose ibv_start_poll() batch this thread is inside, if any
  * (lib/cq.cpp deliver_completion()). */

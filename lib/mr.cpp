@@ -7,6 +7,7 @@
 #include "log.h"
 #include "process.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <new>
 #include <thread>
 #include <type_traits>
@@ -159,19 +161,22 @@ KeyTables *&key_tables()
 constexpr uint32_t fast_tables = 16;
 std::atomic<KeyTable *> fast_table[fast_tables];
 
-/* This process's pid, which every remote key hold carries: getpid() is a
- * system call (glibc keeps no cache). Cleared in a forked child. */
-std::atomic<uint32_t> cached_pid{0};
-
 } // namespace
 
-uint32_t own_pid()
+std::atomic<uint32_t> own_pid_cache{0};
+
+uint32_t own_pid_slow()
 {
-	uint32_t p = cached_pid.load(std::memory_order_relaxed);
-	if (!p) {
-		p = uint32_t(getpid());
-		cached_pid.store(p, std::memory_order_relaxed);
-	}
+	/* fork_child::key_tables() clears the cache in a child of a process
+	 * that opened a device; this handler in any other (a CQ ring's
+	 * producer in a test that made no context). */
+	static std::once_flag once;
+	std::call_once(once, [] {
+		pthread_atfork(nullptr, nullptr,
+			       [] { own_pid_cache.store(0, std::memory_order_relaxed); });
+	});
+	const uint32_t p = uint32_t(getpid());
+	own_pid_cache.store(p, std::memory_order_relaxed);
 	return p;
 }
 
@@ -180,7 +185,7 @@ void fork_child::key_tables()
 	::shmverbs::key_tables() = new KeyTables;
 	for (auto &t : fast_table)
 		t.store(nullptr, std::memory_order_relaxed);
-	cached_pid.store(0, std::memory_order_relaxed);
+	own_pid_cache.store(0, std::memory_order_relaxed);
 }
 
 KeyTable &KeyTable::of(const Device &dev)

@@ -109,9 +109,16 @@ struct KeySlot {
 };
 
 class KeyRef;
-/* This process's pid, cached (getpid() is a system call); right in a forked
- * child too. */
-uint32_t own_pid();
+/* This process's pid, which every remote key hold and every claimed CQ slot
+ * carries, cached (getpid() is a system call, glibc keeps no cache);
+ * cleared in a forked child (fork_child::key_tables). */
+extern std::atomic<uint32_t> own_pid_cache;
+uint32_t own_pid_slow();
+inline uint32_t own_pid()
+{
+	const uint32_t p = own_pid_cache.load(std::memory_order_relaxed);
+	return p ? p : own_pid_slow();
+}
 /* Called by KeyTable::unpublish() once the key is withdrawn and before it
  * waits for the holds to end: whoever keeps holds between operations (the
  * data path's local key cache) lets go of `slot`'s here. */
