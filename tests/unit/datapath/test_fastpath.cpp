@@ -413,7 +413,7 @@ TEST_CASE("fast path: a receive SGE of the null MR takes its bytes and drops the
 		wr.num_sge = int(sg.size());
 		return ibv_post_recv(p.b.qp, &wr, &bad);
 	};
-	auto send16 = [&](uint64_t wr_id) {
+	auto send8 = [&](uint64_t wr_id) {
 		struct ibv_wc wc{};
 		REQUIRE(Pair::post8(p.a, IBV_WR_SEND, wr_id) == 0);
 		REQUIRE(Pair::wait_wc(p.a, wc));
@@ -423,13 +423,13 @@ TEST_CASE("fast path: a receive SGE of the null MR takes its bytes and drops the
 	};
 	/* All of it into the null MR: nothing lands at its address. */
 	REQUIRE(recv_into(1, {{p.b.addr(1024), 64, null_mr->lkey}}) == 0);
-	struct ibv_wc wc = send16(10);
+	struct ibv_wc wc = send8(10);
 	CHECK((wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 8));
 	CHECK(std::string(p.b.at(1024), 64) == std::string(64, 'B'));
 	/* The first 4 bytes dropped, the rest into the buffer. */
 	REQUIRE(recv_into(2, {{p.b.addr(1024), 4, null_mr->lkey}, {p.b.addr(256), 64, p.b.mr->lkey}}) ==
 		0);
-	wc = send16(11);
+	wc = send8(11);
 	CHECK((wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 8));
 	CHECK(std::string(p.b.at(256), 4) == "4567");
 	CHECK(p.b.at(260)[0] == 'B');
