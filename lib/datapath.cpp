@@ -149,40 +149,18 @@ bool peer_rq(const PeerSegment &seg, uint64_t off, PeerRq &out)
 /* Takes one receive WQE (a copy) from a ring, or returns false when empty. */
 bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &sges)
 {
-	char *slots = reinterpret_cast<char *>(q.rq) + shm::rq_slots_offset;
-	uint64_t head = q.rq->head.load(std::memory_order_acquire);
-	for (;;) {
-		char *slot = slots + (head & (q.entries - 1)) * q.stride;
-		/* Pairs with the producer's release store of seq (post_recv). */
-		uint32_t seq = rq_slot_seq(slot).load(std::memory_order_acquire);
-		if (seq != uint32_t(head + 1)) {
-			/* Not posted yet, unless head moved on meanwhile (the
-			 * slot may then hold a later lap): look again. */
-			uint64_t now = q.rq->head.load(std::memory_order_acquire);
-			if (now == head)
-				return false;
-			head = now;
-			continue;
-		}
-		std::memcpy(&wqe, slot, offsetof(shm::RecvWqe, seq));
-		wqe.seq = seq;
-		uint32_t n = std::min(wqe.num_sge, q.max_sge);
+	return take_wqe(q, wqe, [&](shm::RecvWqe &w, const char *slot) {
+		const uint32_t n = std::min(w.num_sge, q.max_sge);
 		if (sges.size() != n) /* the callers' vectors keep their size */
 			sges.resize(n);
 		/* SGE by SGE: fixed-size copies the compiler inlines (a WQE
 		 * may have none: then sges.data() may be null). */
 		for (uint32_t i = 0; i < n; i++)
-			std::memcpy(&sges[i], slot + sizeof(wqe) + i * sizeof(shm::RecvSge),
+			std::memcpy(&sges[i], slot + sizeof(w) + i * sizeof(shm::RecvSge),
 				    sizeof(shm::RecvSge));
-		wqe.num_sge = n;
-		/* The slot is rewritten only after head passed it: the copy
-		 * is intact if this succeeds. */
-		if (q.rq->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) {
-			if (q.rq->srqn)
-				srq_ring_note_consumed(*q.rq, head + 1);
-			return true;
-		}
-	}
+		w.num_sge = n;
+		return true;
+	});
 }
 
 void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index)

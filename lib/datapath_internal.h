@@ -110,18 +110,22 @@ bool peer_srq(uint32_t device, uint32_t srqn, PeerObject &obj, PeerRq &q);
 
 namespace shmverbs::dp {
 
-inline bool consume_wqe_one_sge(const PeerRq &q, shm::RecvWqe &wqe, shm::RecvSge &sge,
-				bool &other)
+/* The consumer's side of a receive ring: copies the WQE at head with
+ * `copy(wqe, slot)` (false: not for this caller, nothing taken) and then
+ * CASes head past it. false when the ring is empty or copy() declined;
+ * consume_wqe() and consume_wqe_one_sge() are this with their copies. */
+template <typename Copy>
+[[gnu::always_inline]] inline bool take_wqe(const PeerRq &q, shm::RecvWqe &wqe, Copy &&copy)
 {
 	char *slots = reinterpret_cast<char *>(q.rq) + shm::rq_slots_offset;
 	uint64_t head = q.rq->head.load(std::memory_order_acquire);
-	other = false;
 	for (;;) {
 		char *slot = slots + (head & (q.entries - 1)) * q.stride;
 		/* Pairs with the producer's release store of seq (post_recv). */
 		const uint32_t seq = rq_slot_seq(slot).load(std::memory_order_acquire);
 		if (seq != uint32_t(head + 1)) {
-			/* Not posted yet, unless head moved on meanwhile. */
+			/* Not posted yet, unless head moved on meanwhile (the
+			 * slot may then hold a later lap): look again. */
 			const uint64_t now = q.rq->head.load(std::memory_order_acquire);
 			if (now == head)
 				return false;
@@ -129,12 +133,9 @@ inline bool consume_wqe_one_sge(const PeerRq &q, shm::RecvWqe &wqe, shm::RecvSge
 			continue;
 		}
 		std::memcpy(&wqe, slot, offsetof(shm::RecvWqe, seq));
-		if (wqe.num_sge != 1 || q.max_sge < 1) {
-			other = true;
-			return false;
-		}
 		wqe.seq = seq;
-		std::memcpy(&sge, slot + sizeof(wqe), sizeof(sge));
+		if (!copy(wqe, slot))
+			return false;
 		/* The slot is rewritten only after head passed it: the copy
 		 * is intact if this succeeds. */
 		if (q.rq->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) {
@@ -143,6 +144,20 @@ inline bool consume_wqe_one_sge(const PeerRq &q, shm::RecvWqe &wqe, shm::RecvSge
 			return true;
 		}
 	}
+}
+
+inline bool consume_wqe_one_sge(const PeerRq &q, shm::RecvWqe &wqe, shm::RecvSge &sge,
+				bool &other)
+{
+	other = false;
+	return take_wqe(q, wqe, [&](const shm::RecvWqe &w, const char *slot) {
+		if (w.num_sge != 1 || q.max_sge < 1) {
+			other = true;
+			return false;
+		}
+		std::memcpy(&sge, slot + sizeof(w), sizeof(sge));
+		return true;
+	});
 }
 
 } // namespace shmverbs::dp
