@@ -131,8 +131,9 @@ template <typename Fill>
 
 } // namespace cq_detail
 
-inline int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const PlainCompletion &c,
-			   int channel_fd, uint64_t *cons_seen)
+[[gnu::always_inline]] inline int cq_ring_produce(shm::CqRing &ring, uint32_t capacity,
+						  const PlainCompletion &c, int channel_fd,
+						  uint64_t *cons_seen)
 {
 	return cq_detail::produce(
 		ring, capacity, c.solicited || c.status != IBV_WC_SUCCESS, false,

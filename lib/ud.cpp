@@ -334,14 +334,15 @@ bool takes_messages(uint32_t st)
 {
 	PeerRq q{t.rq, t.rq_entries, t.rq_max_sge, t.rq_stride};
 	shm::RecvWqe wqe;
-	std::vector<shm::RecvSge> &rsges = recv_sges_;
+	/* The common WQE of one SGE stays on the stack; others are read
+	 * into the engine's vector. */
 	shm::RecvSge one;
+	std::span<const shm::RecvSge> rsges(&one, 1);
 	bool other = false;
-	if (consume_wqe_one_sge(q, wqe, one, other)) {
-		rsges.resize(1);
-		rsges[0] = one;
-	} else if (!other || !consume_wqe(q, wqe, rsges)) {
-		return; /* no receive posted: dropped */
+	if (!consume_wqe_one_sge(q, wqe, one, other)) {
+		if (!other || !consume_wqe(q, wqe, recv_sges_))
+			return; /* no receive posted: dropped */
+		rsges = recv_sges_;
 	}
 
 	/* pkey_index 0, dlid_path_bits 0 (LMC 0): PlainCompletion's zeros. */
