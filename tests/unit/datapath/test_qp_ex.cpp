@@ -633,3 +633,72 @@ TEST_CASE("UD: an AH of another context is EINVAL, in ibv_post_send and wr_set_u
 	ibv_dealloc_pd(other_pd);
 	ibv_close_device(other);
 }
+
+TEST_CASE("ibv_post_send: an opcode the QP type cannot execute is EINVAL at that WR",
+	  "[qpex][opcodes]")
+{
+	/* Per type, opcodes refused (a value of 32 or more, or negative, is
+	 * garbage on any type) and one taken, posted first in each list. */
+	struct Case {
+		enum ibv_qp_type type;
+		enum ibv_wr_opcode good;
+		std::vector<int> refused;
+	};
+	const Case cases[] = {
+		{IBV_QPT_RC, IBV_WR_RDMA_WRITE, {32, 1000, -1, IBV_WR_BIND_MW + 100}},
+		{IBV_QPT_UC, IBV_WR_RDMA_WRITE,
+		 {IBV_WR_RDMA_READ, IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, 32}},
+		{IBV_QPT_UD, IBV_WR_SEND,
+		 {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ,
+		  IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_SEND_WITH_INV,
+		  IBV_WR_LOCAL_INV}},
+	};
+	for (const Case &c : cases) {
+		Options o;
+		o.type = c.type;
+		Pair p(o);
+		p.connect();
+		struct ibv_ah *ah = nullptr;
+		if (c.type == IBV_QPT_UD) {
+			struct ibv_ah_attr aa{};
+			aa.dlid = p.lid;
+			aa.port_num = 1;
+			ah = ibv_create_ah(p.pd, &aa);
+			REQUIRE(ah);
+		}
+		uint64_t next_id = 1;
+		for (int op : c.refused) {
+			CAPTURE(c.type, op);
+			if (c.type == IBV_QPT_UD)
+				REQUIRE(Pair::post_recv(p.b, 0, 0, 40 + 64) == 0);
+			struct ibv_sge sg = {p.a.addr(0), 8, p.a.mr->lkey};
+			struct ibv_send_wr wr[2]{}, *bad = nullptr;
+			for (int i = 0; i < 2; i++) {
+				wr[i].wr_id = next_id + uint64_t(i);
+				wr[i].send_flags = IBV_SEND_SIGNALED;
+				wr[i].sg_list = &sg;
+				wr[i].num_sge = 1;
+				wr[i].wr.rdma.remote_addr = p.b.addr(64);
+				wr[i].wr.rdma.rkey = p.b.mr->rkey;
+				if (ah) {
+					wr[i].wr.ud.ah = ah;
+					wr[i].wr.ud.remote_qpn = p.b.qp->qp_num;
+					wr[i].wr.ud.remote_qkey = 0x1234;
+				}
+			}
+			wr[0].opcode = c.good;
+			wr[0].next = &wr[1];
+			wr[1].opcode = static_cast<enum ibv_wr_opcode>(op);
+			CHECK(ibv_post_send(p.a.qp, wr, &bad) == EINVAL);
+			CHECK(bad == &wr[1]);
+			struct ibv_wc wc{};
+			REQUIRE(Pair::wait_wc(p.a, wc)); /* the WR before it went */
+			CHECK(wc.wr_id == next_id);
+			CHECK(wc.status == IBV_WC_SUCCESS);
+			CHECK(Pair::quiet(p.a));
+			next_id += 2;
+		}
+		if (ah)
+			ibv_destroy_ah(ah);
+	}
+}
