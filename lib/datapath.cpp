@@ -33,6 +33,12 @@ using Clock = std::chrono::steady_clock;
 thread_local bool rnr_early_attempt = false;
 constexpr auto rnr_look_period = std::chrono::microseconds(20);
 
+} // namespace
+
+thread_local unsigned rnr_early_misses = 0;
+
+namespace {
+
 constexpr uint32_t key_chunk_bits = 12;
 constexpr uint32_t key_chunk_slots = 1u << key_chunk_bits;
 
@@ -176,15 +182,19 @@ void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index)
 }
 
 /* Whether an early RNR retry (rnr_early_attempt) should take a WQE now:
- * only once the target has reposted a batch (a quarter of its ring, at
- * most 32), so that a sender does not trail its receiver one receive at a
- * time, each message a round trip; short of that the timer decides. */
-static bool rq_refilled(const PeerRq &q)
+ * only once the target has posted receives for the whole `backlog` (the
+ * WRs queued behind the RNR, this one included; half its ring at most), so
+ * that the retry drains the queue in one go and the posts after it run
+ * direct again. With less, the sender would trail its receiver a few
+ * receives at a time, each batch an RNR and a look period (ib_send_bw 8 B,
+ * rx_depth 512, a threshold of 32: runs with ~1000 early tries, at ~1 M
+ * messages/s instead of ~8); short of it the timer decides. */
+static bool rq_refilled(const PeerRq &q, uint64_t backlog)
 {
 	/* head first: tail, read after, is at least that head. */
 	uint64_t head = q.rq->head.load(std::memory_order_relaxed);
 	uint64_t tail = q.rq->tail.load(std::memory_order_acquire);
-	return tail - head >= std::clamp<uint64_t>(q.entries / 4, 1, 32);
+	return tail - head >= std::clamp<uint64_t>(backlog, 1, std::max(q.entries / 2, 1u));
 }
 
 } // namespace dp
@@ -614,7 +624,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 		 * too (simplification of SQE). */
 		qp_async_error(qp_, IBV_QPS_ERR);
 	} else if (queued && progress()) {
-		progress_kick();
+		progress_wait(this);
 	}
 	return err;
 }
@@ -654,7 +664,7 @@ int QpEngine::submit(std::span<SendWr> batch)
 	if (fatal)
 		qp_async_error(qp_, IBV_QPS_ERR);
 	else if (queued && progress())
-		progress_kick();
+		progress_wait(this);
 	return 0;
 }
 
@@ -1102,7 +1112,8 @@ bool QpEngine::progress()
 		std::vector<shm::RecvSge> &rsges = recv_sges_;
 		if (enum ibv_wc_status st = open_recv_side())
 			return fail(st);
-		if ((rnr_early_attempt && !rq_refilled(rs.q)) || !consume_wqe(rs.q, wqe, rsges)) {
+		if ((rnr_early_attempt && !rq_refilled(rs.q, sq_.size())) ||
+		    !consume_wqe(rs.q, wqe, rsges)) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS;
 				return Outcome::Done;
@@ -1136,7 +1147,8 @@ bool QpEngine::progress()
 		const PeerSegment *rq_seg = rs.seg;
 		shm::RecvWqe wqe{};
 		std::vector<shm::RecvSge> &rsges = recv_sges_;
-		if ((rnr_early_attempt && !rq_refilled(rs.q)) || !consume_wqe(rs.q, wqe, rsges)) {
+		if ((rnr_early_attempt && !rq_refilled(rs.q, sq_.size())) ||
+		    !consume_wqe(rs.q, wqe, rsges)) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC/UD: dropped silently */
 				return Outcome::Done;
@@ -1231,8 +1243,10 @@ bool QpEngine::progress()
 rnr:
 	/* Receiver not ready: retry after the responder's RNR timer, rnr_retry
 	 * times (7: forever). */
-	if (rnr_early_attempt)
+	if (rnr_early_attempt) {
+		rnr_early_misses++;
 		return Outcome::Wait; /* the timer and the count stand */
+	}
 	if (wr.rnr_left < 0)
 		wr.rnr_left = attr_.rnr_retry;
 	if (attr_.rnr_retry != 7) {

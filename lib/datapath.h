@@ -572,11 +572,17 @@ int post_recv(Qp &qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 /* Progress thread (lib/progress.cpp): keeps the engines moving. */
 void progress_register(QpEngine *e);
 void progress_unregister(QpEngine *e);
-void progress_kick();
+/* Lists engine `e`, whose post left WRs queued, for the retries: the
+ * thread's at once and every millisecond, and the application's empty
+ * polls' (below). */
+void progress_wait(QpEngine *e);
 /* An application thread found its CQ empty (poll_cq): runs progress() of
  * the engines that wait, at once, instead of leaving them to the thread's
  * next pass (1 ms). A load of one word when nothing waits; never blocks. */
 extern std::atomic<size_t> progress_waiting_engines;
+/* Early RNR retries of this thread that found the target's queue still
+ * short of receives (lib/datapath.cpp). */
+extern thread_local unsigned rnr_early_misses;
 void progress_poll_waiting_slow();
 inline void progress_poll_waiting()
 {

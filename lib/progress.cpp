@@ -7,8 +7,12 @@
  * Its cost must not grow with the number of idle QPs (thousands per
  * process): it keeps `waiting`, the engines whose last progress() said WRs
  * remain queued, and retries only those, every millisecond while any wait.
- * An engine gets there when a post leaves work behind, which kicks the
- * thread into one pass over every engine. The remote-error check (a load of
+ * The post that leaves work behind lists its engine there itself
+ * (progress_wait) and wakes the thread for a pass at once: from then on the
+ * application's own empty polls retry it too (progress_poll_waiting), which
+ * matters when the thread cannot get a CPU soon (a busy-polling sender and
+ * receiver on 2 cores: a sender that met RNR stalled for milliseconds,
+ * until the thread ran and listed it). The remote-error check (a load of
  * one descriptor word) and the pollers run every 10 ms over all of them.
  *
  * It also ends the holds that engines keep between posts (a target QP's
@@ -30,6 +34,8 @@
  */
 #include "datapath.h"
 #include "fork.h"
+
+#include <sched.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -60,7 +66,7 @@ struct ProgressState {
 	std::set<QpEngine *> holding; /* a subset of engines */
 	std::map<void *, void (*)(void *)> pollers;
 	bool started = false;
-	bool kicked = false;
+	bool waiting_grew = false; /* wake up to retry at once */
 	bool holding_grew = false; /* wake up to schedule the hold sweeps */
 };
 
@@ -83,16 +89,9 @@ void thread_main()
 	auto next_hold_sweep = Clock::now();
 	auto hold_period = hold_sweep_period;
 	for (;;) {
-		if (st.kicked) {
-			/* Some post left work behind: find who. */
-			st.kicked = false;
-			for (QpEngine *e : st.engines)
-				if (e->progress())
-					st.waiting.insert(e);
-		} else {
-			for (auto it = st.waiting.begin(); it != st.waiting.end();)
-				it = (*it)->progress() ? std::next(it) : st.waiting.erase(it);
-		}
+		st.waiting_grew = false;
+		for (auto it = st.waiting.begin(); it != st.waiting.end();)
+			it = (*it)->progress() ? std::next(it) : st.waiting.erase(it);
 		if (Clock::now() >= next_sweep) {
 			for (QpEngine *e : st.engines)
 				e->check_remote_errors();
@@ -120,7 +119,7 @@ void thread_main()
 		auto until = st.waiting.empty() ? next_sweep : Clock::now() + retry_period;
 		if (!st.holding.empty())
 			until = std::min(until, next_hold_sweep);
-		st.wake.wait_until(guard, until, [&st] { return st.kicked || st.holding_grew; });
+		st.wake.wait_until(guard, until, [&st] { return st.waiting_grew || st.holding_grew; });
 	}
 }
 
@@ -211,17 +210,29 @@ void progress_poll_waiting_slow()
 	std::unique_lock guard(st.lock, std::try_to_lock);
 	if (!guard.owns_lock())
 		return;
+	const unsigned misses = rnr_early_misses;
 	for (auto it = st.waiting.begin(); it != st.waiting.end();)
 		it = (*it)->progress() ? std::next(it) : st.waiting.erase(it);
 	progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
+	guard.unlock();
+	/* A receiver that reposted nothing for a look period may be waiting
+	 * for this very CPU (more busy pollers than cores: the scheduler put
+	 * sender and receiver on one): let it run now rather than at the end
+	 * of our time slice, which we would spend polling in vain. */
+	if (rnr_early_misses != misses)
+		sched_yield();
 }
 
-void progress_kick()
+void progress_wait(QpEngine *e)
 {
 	ProgressState &st = state();
 	std::lock_guard guard(st.lock);
-	st.kicked = true;
-	st.wake.notify_one();
+	start_locked(st);
+	if (st.waiting.insert(e).second) {
+		progress_waiting_engines.store(st.waiting.size(), std::memory_order_relaxed);
+		st.waiting_grew = true;
+		st.wake.notify_one();
+	}
 }
 
 } // namespace shmverbs
