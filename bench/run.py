@@ -175,7 +175,13 @@ def parse_perftest(out, kind):
     raise CaseError("no result line in perftest output:\n" + out[-1500:])
 
 
-def case_perftest(env, test, size, extra_args=(), memory_path=None, name=None):
+def one_cpu():
+    """A prefix that runs a command on one CPU (the first this process may
+    use): server and client then share it, as on an oversubscribed host."""
+    return ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
+
+
+def case_perftest(env, test, size, extra_args=(), memory_path=None, name=None, pin=()):
     kind = "lat" if test.endswith("_lat") else "bw"
     if not shutil.which(test):
         raise CaseError(f"skip: {test} is not installed")
@@ -183,7 +189,8 @@ def case_perftest(env, test, size, extra_args=(), memory_path=None, name=None):
     e, runtime = env.shmverbs(**extra)
     try:
         port = str(free_port())
-        args = [test, "-d", "shm0", "-p", port, "-n", str(perftest_iters(kind, size, env.smoke))]
+        args = list(pin) + [test, "-d", "shm0", "-p", port, "-n",
+                            str(perftest_iters(kind, size, env.smoke))]
         if not test.startswith("ib_atomic"):
             args += ["-s", str(size)]
         args += list(extra_args)
@@ -208,14 +215,14 @@ def ucx_iters(test, size, smoke):
     return max(100, min(200000, (256 * MiB) // size))
 
 
-def case_ucx(env, test, size):
+def case_ucx(env, test, size, pin=(), iters=None, name=None):
     if not shutil.which("ucx_perftest"):
         raise CaseError("skip: ucx_perftest is not installed (ucx-utils)")
     e = dict(env.base, UCX_TLS="posix,self", UCX_WARN_UNUSED_ENV_VARS="n")
     port = str(free_port())
-    server = ["ucx_perftest", "-p", port]
-    client = ["ucx_perftest", "localhost", "-p", port, "-t", test, "-s", str(size),
-              "-n", str(ucx_iters(test, size, env.smoke))]
+    server = list(pin) + ["ucx_perftest", "-p", port]
+    client = list(pin) + ["ucx_perftest", "localhost", "-p", port, "-t", test, "-s", str(size),
+                          "-n", str(iters or ucx_iters(test, size, env.smoke))]
     out, _ = run_pair(server, client, e)
     m = re.search(r"^Final:\s+(.*)$", out, re.M)
     if not m:
@@ -223,7 +230,7 @@ def case_ucx(env, test, size):
     f = [float(x) for x in m.group(1).split()]
     # iterations, 50%ile, avg, overall latency (us); bw avg, overall (MB/s, 2^20);
     # rate avg, overall (msg/s)
-    name = f"{test}/{size}"
+    name = name or f"{test}/{size}"
     if test.endswith("_lat"):
         return [(name, f[1], "us", {"avg": f[2]})]
     return [(name, f[5] * MiB / 1e9, "GB/s", {}), (name + "/rate", f[7] / 1e6, "Mmsg/s", {})]
@@ -300,6 +307,13 @@ def build_cases(env):
         for t in ("ucp_put_bw", "tag_bw"):
             add("ucx", f"{t} {size_label(size)}", lambda t=t, s=size: case_ucx(env, t, s))
     add("ucx", "ucp_am_bw 8 B", lambda: case_ucx(env, "ucp_am_bw", 8))
+    # Sender and receiver on one CPU: each runs only in the other's gaps.
+    # UCX then manages some 10^4 messages/s: few iterations.
+    add("oversubscribed", "ib_send_bw 8 B, both on one CPU",
+        lambda: case_perftest(env, "ib_send_bw", 8, name="ib_send_bw/8/one_cpu", pin=one_cpu()))
+    add("oversubscribed", "ucp_am_bw 8 B, both on one CPU",
+        lambda: case_ucx(env, "ucp_am_bw", 8, pin=one_cpu(), iters=100 if smoke else 2000,
+                         name="ucp_am_bw/8/one_cpu"))
     for size in fi_sizes:
         add("libfabric", f"fi_pingpong {size_label(size)}", lambda s=size: case_fabric(env, s))
     for path in ("cma", "bounce"):
@@ -371,6 +385,9 @@ def comparisons(sizes):
         (U, "ucp_am_bw/8/rate"), "higher", 1)
     add("ib_send_bw 8 B --post_list 16 msg rate vs UCX am_bw",
         (S, "ib_send_bw/8/post_list16/rate"), (U, "ucp_am_bw/8/rate"), "higher", None)
+    add("ib_send_bw 8 B msg rate, both on one CPU, vs UCX am_bw the same",
+        ("oversubscribed", "ib_send_bw/8/one_cpu/rate"), ("oversubscribed", "ucp_am_bw/8/one_cpu/rate"),
+        "higher", None)
     for p in ("cma", "bounce"):
         add(f"ib_write_lat 8 B {p} vs libfabric shm no CMA", (B, f"ib_write_lat/8/{p}"),
             (B, "fi_pingpong_nocma/8"), "lower", None)
