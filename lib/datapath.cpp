@@ -498,11 +498,32 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 			rq_->tail.store(tail + 1, std::memory_order_release);
 		}
 	}
+	/* Most applications reply right after they repost (ping-pong): the
+	 * lines the reply's SEND will need start coming now. */
+	if (sends_.load(std::memory_order_relaxed) && sq_lock_.try_lock()) {
+		prefetch_send_lines();
+		sq_lock_.unlock();
+	}
 	if (state_.load() == IBV_QPS_ERR) {
 		std::lock_guard guard(sq_lock_);
 		flush_locked();
 	}
 	return 0;
+}
+
+void QpEngine::prefetch_send_lines()
+{
+	if (target_.rq) {
+		/* head: moved by senders' CAS (ours), a line in our cache. */
+		const uint64_t head = target_.rq->head.load(std::memory_order_relaxed);
+		__builtin_prefetch(reinterpret_cast<char *>(target_.rq) + shm::rq_slots_offset +
+					   (head & (target_.rq_entries - 1)) * target_.rq_stride,
+				   0);
+	}
+	if (target_.cq) {
+		const uint64_t p = target_.cq->prod.load(std::memory_order_relaxed);
+		__builtin_prefetch(cq_detail::slot_at(*target_.cq, target_.cq_cap, p), 1);
+	}
 }
 
 int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
@@ -579,6 +600,8 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 	bool fatal = false, queued = false, list = false;
 	{
 		std::lock_guard guard(sq_lock_);
+		if (wr && in_mask(direct_ops_ & send_ops, wr->opcode))
+			prefetch_send_lines(); /* RC, UC */
 		for (; wr; wr = wr->next) {
 			if (!in_mask(allowed_ops_, wr->opcode) || wr->num_sge < 0 ||
 			    uint32_t(wr->num_sge) > caps.created.max_send_sge) {
@@ -643,6 +666,8 @@ int QpEngine::submit(std::span<SendWr> batch)
 		if ((sq_.empty() ? 0 : sq_.size()) + batch.size() >
 		    qp_.core->caps.created.max_send_wr)
 			return ENOMEM;
+		if (!batch.empty() && in_mask(direct_ops_ & send_ops, batch[0].opcode))
+			prefetch_send_lines(); /* RC, UC */
 		for (SendWr &w : batch) {
 			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR) {
 				if (Direct d = try_direct(w); d != Direct::NotTaken) {
@@ -1037,6 +1062,7 @@ bool QpEngine::progress()
 				target_.rq_entries = q.entries;
 				target_.rq_max_sge = q.max_sge;
 				target_.rq_stride = q.stride;
+				sends_.store(true, std::memory_order_relaxed);
 			}
 			rs.q = {target_.rq, target_.rq_entries, target_.rq_max_sge, target_.rq_stride};
 			return IBV_WC_SUCCESS;
@@ -1572,6 +1598,7 @@ bool QpEngine::send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment
 		target_.rq_entries = q.entries;
 		target_.rq_max_sge = q.max_sge;
 		target_.rq_stride = q.stride;
+		sends_.store(true, std::memory_order_relaxed);
 	}
 	if (!target_.cq && !(target_.cq = peer_cq(peer, t.recv_cq_off, target_.cq_cap)))
 		return false;

@@ -408,6 +408,12 @@ private:
 	 * when the caller must list the engine with progress_hold() once
 	 * sq_lock_ is released. */
 	bool keep_holds();
+	/* Prefetches what a SEND to target_ reads and claims first (sq_lock_
+	 * held; nothing before the target is resolved): the receive WQE at
+	 * its RQ's head, which the peer wrote, and its receive CQ's next
+	 * slot, for writing, which the peer is polling. Each is a transfer
+	 * between cores that then overlaps the work before its use. */
+	void prefetch_send_lines();
 
 	Qp &qp_;
 	Segment &seg_;
@@ -432,6 +438,10 @@ private:
 	bool published_ = false;
 
 	FastMutex sq_lock_;
+	/* Set once a SEND of ours resolved its target's RQ: post_recv() then
+	 * prefetches the lines of the reply (prefetch_send_lines), which
+	 * costs it the sq_lock_ try of a QP that never sends otherwise. */
+	std::atomic<bool> sends_{false};
 	/* WRs waiting (RNR, unreachable peer) and those behind them. A WR
 	 * posted to an empty queue runs at once from `scratch_` and is queued
 	 * only if it must wait: the common post allocates nothing. */
