@@ -464,6 +464,21 @@ void QpEngine::check_remote_errors()
 
 /* ---- Posting ---- */
 
+[[gnu::always_inline]] inline void QpEngine::prefetch_send_lines()
+{
+	if (target_.rq) {
+		/* head: moved by senders' CAS (ours), a line in our cache. */
+		const uint64_t head = target_.rq->head.load(std::memory_order_relaxed);
+		__builtin_prefetch(reinterpret_cast<char *>(target_.rq) + shm::rq_slots_offset +
+					   (head & (target_.rq_entries - 1)) * target_.rq_stride,
+				   0);
+	}
+	if (target_.cq) {
+		const uint64_t p = target_.cq->prod.load(std::memory_order_relaxed);
+		__builtin_prefetch(cq_detail::slot_at(*target_.cq, target_.cq_cap, p), 1);
+	}
+}
+
 int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 {
 	if (!rq_) {
@@ -509,21 +524,6 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 		flush_locked();
 	}
 	return 0;
-}
-
-void QpEngine::prefetch_send_lines()
-{
-	if (target_.rq) {
-		/* head: moved by senders' CAS (ours), a line in our cache. */
-		const uint64_t head = target_.rq->head.load(std::memory_order_relaxed);
-		__builtin_prefetch(reinterpret_cast<char *>(target_.rq) + shm::rq_slots_offset +
-					   (head & (target_.rq_entries - 1)) * target_.rq_stride,
-				   0);
-	}
-	if (target_.cq) {
-		const uint64_t p = target_.cq->prod.load(std::memory_order_relaxed);
-		__builtin_prefetch(cq_detail::slot_at(*target_.cq, target_.cq_cap, p), 1);
-	}
 }
 
 int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)

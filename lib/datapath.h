@@ -24,6 +24,7 @@
  */
 #pragma once
 
+#include "copy.h"
 #include "cq.h"
 #include "locks.h"
 #include "qp.h"
@@ -81,16 +82,15 @@ public:
 		size_ = 0;
 		append(first, size_t(last - first));
 	}
-	void append(const T *p, size_t n)
+	[[gnu::always_inline]] void append(const T *p, size_t n)
 	{
-		if (size_ + n > N && size_ + n > heap_.size()) {
+		if (size_ + n > N && size_ + n > heap_.size()) [[unlikely]] {
 			std::vector<T> grown(std::max(size_ + n, 2 * heap_.size()));
 			if (size_)
 				std::memcpy(grown.data(), data(), size_ * sizeof(T));
 			heap_.swap(grown);
 		}
-		if (n)
-			std::memcpy(data() + size_, p, n * sizeof(T));
+		copy_payload(data() + size_, p, n * sizeof(T));
 		size_ += n;
 	}
 

@@ -6,6 +6,7 @@
  */
 #pragma once
 
+#include "copy.h"
 #include "cq.h"
 #include "mr.h"
 #include "segment.h"
@@ -51,37 +52,6 @@ inline bool consume_wqe_one_sge(const PeerRq &q, shm::RecvWqe &wqe, shm::RecvSge
  * `wr` into `slot` as ring index `index` and publishes it (RecvWqe::seq).
  * The caller then advances tail. */
 void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index);
-
-/* memcpy() for the data path's payloads, which are mostly a few bytes: up
- * to 16 bytes in two overlapping moves of the compiler's own, without a
- * call into libc (a call and its size dispatch cost more than the copy of
- * a small message). */
-[[gnu::always_inline]] inline void copy_payload(void *to, const void *from, size_t n)
-{
-	char *d = static_cast<char *>(to);
-	const char *s = static_cast<const char *>(from);
-	if (n > 16) {
-		std::memcpy(d, s, n);
-	} else if (n >= 8) {
-		uint64_t a, b;
-		std::memcpy(&a, s, 8);
-		std::memcpy(&b, s + n - 8, 8);
-		std::memcpy(d, &a, 8);
-		std::memcpy(d + n - 8, &b, 8);
-	} else if (n >= 4) {
-		uint32_t a, b;
-		std::memcpy(&a, s, 4);
-		std::memcpy(&b, s + n - 4, 4);
-		std::memcpy(d, &a, 4);
-		std::memcpy(d + n - 4, &b, 4);
-	} else if (n) {
-		/* 1 to 3 bytes: first, middle, last (some the same). */
-		const char a = s[0], b = s[n / 2], c = s[n - 1];
-		d[0] = a;
-		d[n / 2] = b;
-		d[n - 1] = c;
-	}
-}
 
 /* RecvWqe::seq of a slot, the word producer and consumers synchronize on. */
 inline std::atomic_ref<uint32_t> rq_slot_seq(char *slot)
