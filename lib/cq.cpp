@@ -16,6 +16,7 @@
 
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 
@@ -241,6 +242,31 @@ bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid)
 }
 
 using cq_detail::polling_batch;
+
+/*
+ * Empty polls in a row by this thread, of any CQ. A poller that found
+ * nothing this many times in a row (some 20-50 us of spinning) gives up
+ * its CPU for a moment, and again after as many more: on a host with more
+ * busy pollers than cores, the peer it waits for may be waiting for this
+ * very CPU, and a device's completion needs no CPU of ours, but a peer
+ * process's does. Where nothing else wants the CPU, sched_yield() returns
+ * at once (under a microsecond, once per ~25 us of waiting); a round trip
+ * of a latency test is tens of empty polls, never this many.
+ */
+constexpr unsigned yield_after_empty_polls = 1024;
+thread_local __attribute__((tls_model("initial-exec"))) unsigned empty_polls = 0;
+
+void polled_empty()
+{
+	/* A send waiting for RNR retries as soon as its target posted a
+	 * receive (lib/datapath.cpp, rnr:). Outside cq.lock: a retry may
+	 * complete into this CQ. */
+	progress_poll_waiting();
+	if (++empty_polls == yield_after_empty_polls) [[unlikely]] {
+		empty_polls = 0;
+		sched_yield();
+	}
+}
 
 } // namespace
 
@@ -471,8 +497,11 @@ int ex_start_poll(struct ibv_cq_ex *ibcq, struct ibv_poll_cq_attr *attr)
 	/* A CQ of the parent, polled in a forked child (lib/fork.h). */
 	if (cq.ctx->inherited.load(std::memory_order_relaxed))
 		return EIO;
-	if (surely_empty(cq))
+	if (surely_empty(cq)) {
+		polled_empty();
 		return ENOENT;
+	}
+	empty_polls = 0;
 	cq.lock.lock();
 	report_overrun(cq);
 	if (!load_current(cq, false)) {
@@ -900,12 +929,10 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	if (!wc)
 		return -EINVAL;
 	if (surely_empty(cq)) {
-		/* A send waiting for RNR retries as soon as its target posted
-		 * a receive (lib/datapath.cpp, rnr:). Outside cq.lock: a
-		 * retry may complete into this CQ. */
-		progress_poll_waiting();
+		polled_empty();
 		return 0;
 	}
+	empty_polls = 0;
 	std::lock_guard guard(cq.lock);
 	if (cq.ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
 		report_overrun(cq);

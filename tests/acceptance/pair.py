@@ -10,6 +10,10 @@ Both must exit 0, and neither may print a sanitizer report: UBSan's
 "runtime error:" is recoverable and leaves the exit status alone, and TSan
 only changes it at exit, so exit codes alone would let them pass. Each pair gets its own broker runtime directory, so pairs
 can run in parallel without seeing each other.
+
+With PAIR_ONE_CPU=1 both run on one CPU (the first this process may use),
+as on a host with more busy pollers than cores; PAIR_TIME_LIMIT=S then
+bounds the whole pair to S seconds instead of the usual limit.
 """
 import os
 import shutil
@@ -72,26 +76,35 @@ def main():
     env = mode_env(mode, dropin, preload, SHMVERBS_RUNTIME_DIR=runtime,
                    SHMVERBS_BROKER=broker, SHMVERBS_BROKER_IDLE_TIMEOUT="1",
                    SHMVERBS_LINK_LAYER=os.environ.get("SHMVERBS_LINK_LAYER", "ib"))
+    one_cpu = os.environ.get("PAIR_ONE_CPU") == "1"
+    limit = float(os.environ.get("PAIR_TIME_LIMIT", TIMEOUT))
+    pin = None
+    if one_cpu:
+        cpu = min(os.sched_getaffinity(0))
+        print(f"server and client on CPU {cpu}, within {limit:g} s")
+
+        def pin():
+            os.sched_setaffinity(0, {cpu})
     port = str(free_port())
     server_cmd = [program, "-p", port] + args
     client_cmd = [program, "-p", port] + args + ["127.0.0.1"]
     print("server:", " ".join(server_cmd))
     print("client:", " ".join(client_cmd))
     server = subprocess.Popen(server_cmd, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                              stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
     client = None
     client_attempts = []  # every client run's output: a failed attempt's report counts too
-    deadline = time.monotonic() + TIMEOUT
+    deadline = time.monotonic() + limit
     try:
         # The client fails at once if the server is not listening yet: retry.
         while True:
             time.sleep(0.2)
             client = subprocess.Popen(client_cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
+                                      stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
             try:
                 client_out, _ = client.communicate(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                print("FAIL: client timed out")
+                print(f"FAIL: client timed out ({limit:g} s)")
                 print(stop(client))
                 return 1
             client_attempts.append(client_out)
