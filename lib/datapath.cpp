@@ -251,6 +251,17 @@ bool in_mask(uint32_t mask, int op)
 	return unsigned(op) < 32 && (mask >> op) & 1;
 }
 
+/* A WR's opcode as the int the application stored: C lets it store any
+ * value in the enum, and C++ must not load one outside the enum's range as
+ * the enum (undefined; UBSan's enum check reports it). */
+int raw_opcode(const struct ibv_send_wr &wr)
+{
+	int op;
+	static_assert(sizeof(op) == sizeof(wr.opcode));
+	std::memcpy(&op, &wr.opcode, sizeof(op));
+	return op;
+}
+
 bool opcode_allowed(enum ibv_qp_type type, int op)
 {
 	switch (op) {
@@ -600,10 +611,10 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 	bool fatal = false, queued = false, list = false;
 	{
 		std::lock_guard guard(sq_lock_);
-		if (wr && in_mask(direct_ops_ & send_ops, wr->opcode))
+		if (wr && in_mask(direct_ops_ & send_ops, raw_opcode(*wr)))
 			prefetch_send_lines(); /* RC, UC */
 		for (; wr; wr = wr->next) {
-			if (!in_mask(allowed_ops_, wr->opcode) || wr->num_sge < 0 ||
+			if (!in_mask(allowed_ops_, raw_opcode(*wr)) || wr->num_sge < 0 ||
 			    uint32_t(wr->num_sge) > caps.created.max_send_sge) {
 				err = EINVAL;
 				break;
