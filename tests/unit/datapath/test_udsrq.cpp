@@ -412,6 +412,60 @@ TEST_CASE("a QP on an SRQ entering ERR reports LAST_WQE_REACHED and flushes no S
 
 /* ---- XRC ---- */
 
+/* ibv_alloc_null_mr(3) for a receive WQE taken from an SRQ: the SGE of the
+ * null MR takes its bytes and drops them, the next gets the rest. */
+TEST_CASE("SRQ: a receive SGE of the null MR takes its bytes and drops them", "[srq]")
+{
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	struct ibv_srq_init_attr sa{};
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 2;
+	struct ibv_srq *srq = ibv_create_srq(d.pd, &sa);
+	REQUIRE(srq);
+	struct ibv_qp *r = make_qp(d, cq, IBV_QPT_RC, srq);
+	struct ibv_qp *s = make_qp(d, cq, IBV_QPT_RC);
+	REQUIRE((r && s));
+	REQUIRE(to_rts(r, IBV_QPT_RC, s->qp_num, d.port.lid) == 0);
+	REQUIRE(to_rts(s, IBV_QPT_RC, r->qp_num, d.port.lid) == 0);
+	struct ibv_mr *null_mr = ibv_alloc_null_mr(d.pd);
+	REQUIRE(null_mr);
+	std::memset(d.buf.data() + 1024, 'B', 2048);
+	std::memcpy(d.buf.data(), "0123456789abcdef", 16);
+
+	struct ibv_sge sg[2] = {{uint64_t(uintptr_t(d.buf.data() + 2048)), 4, null_mr->lkey},
+				d.sge(1024, 64)};
+	struct ibv_recv_wr wr{}, *bad = nullptr;
+	wr.wr_id = 7;
+	wr.sg_list = sg;
+	wr.num_sge = 2;
+	REQUIRE(ibv_post_srq_recv(srq, &wr, &bad) == 0);
+	REQUIRE(send(s, d.sge(0, 8), 1) == 0);
+	bool sent = false, received = false;
+	for (int i = 0; i < 2; i++) {
+		struct ibv_wc wc{};
+		REQUIRE(poll_one(cq, wc) == 1);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		if (wc.opcode == IBV_WC_RECV) {
+			received = true;
+			CHECK((wc.wr_id == 7 && wc.byte_len == 8 && wc.qp_num == r->qp_num));
+		} else {
+			sent = wc.wr_id == 1;
+		}
+	}
+	CHECK((sent && received));
+	CHECK(std::string(d.buf.data() + 1024, 4) == "4567");
+	CHECK(d.buf[1028] == 'B');
+	CHECK(std::string(d.buf.data() + 2048, 8) == std::string(8, 'B'));
+
+	ibv_destroy_qp(r);
+	ibv_destroy_qp(s);
+	CHECK(ibv_dereg_mr(null_mr) == 0);
+	ibv_destroy_srq(srq);
+	ibv_destroy_cq(cq);
+}
+
 TEST_CASE("XRC_SEND reaches an XRC SRQ in another process through its XRC_RECV QP", "[xrc]")
 {
 	Peer peer("xrc");
