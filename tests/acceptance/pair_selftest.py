@@ -39,12 +39,24 @@ if side == "client" and runs:
         print("Couldn't connect to 127.0.0.1:1")
         sys.exit(1)
     open(runs + ".ok", "w").close()
-print(side, "ran")
 if os.environ.get("FAKE_REPORT_SIDE") == side:
     print(os.environ["FAKE_REPORT"])
     print("    #0 0x4242 in somewhere lib/somewhere.cpp:1")
     print("")
     print("after the report")
+calib = os.environ.get("FAKE_CALIBRATION_RUNS")
+if calib:
+    # The first FAKE_CALIBRATION_FAILS pair runs fail as perftest does when
+    # its clock calibration is spoiled; the server counts the runs.
+    if side == "server":
+        with open(calib, "a") as f:
+            f.write("x")
+    time.sleep(0.3)  # the client reads the count after the server wrote it
+    if len(open(calib).read()) <= int(os.environ["FAKE_CALIBRATION_FAILS"]):
+        print("Correlation coefficient r^2: 0.838754 < 0.9")
+        print("Can't produce a report")
+        sys.exit(1)
+print(side, "ran")
 sys.exit(0)
 """
 
@@ -104,6 +116,29 @@ def main():
             else:
                 check.check(f"{name}: the first attempt's output is shown",
                             "--- client output (attempt 1, retried)\nCouldn't connect" in r.stdout,
+                            r.stdout)
+        # perftest's clock calibration failed: the pair runs again, 3 runs
+        # at most; a failure of any other kind is final.
+        for name, fails, extra, want, pair_runs in [
+                ("calibration failed once", 1, {}, 0, 2),
+                ("calibration failed every time", 9, {}, 1, 3),
+                ("calibration failed beside a sanitizer report", 1,
+                 {"FAKE_REPORT_SIDE": "client", "FAKE_REPORT": "runtime error: shift"}, 1, 1)]:
+            calib = os.path.join(tmp, name.replace(" ", "-"))
+            env = dict(os.environ, FAKE_CALIBRATION_RUNS=calib,
+                       FAKE_CALIBRATION_FAILS=str(fails), **extra)
+            if not extra:
+                env.pop("FAKE_REPORT_SIDE", None)
+            r = subprocess.run([sys.executable, pair_py, "real", dropin, preload, broker, prog],
+                               env=env, capture_output=True, text=True, timeout=60)
+            check.check(f"{name}: exit {want}", r.returncode == want,
+                        f"exit {r.returncode}\n{r.stdout}{r.stderr}")
+            got = len(open(calib).read()) if os.path.exists(calib) else 0
+            check.check(f"{name}: the pair ran {pair_runs} time(s)", got == pair_runs,
+                        f"{got} runs\n{r.stdout}")
+            if pair_runs > 1:
+                check.check(f"{name}: every run's output is shown",
+                            r.stdout.count("Can't produce a report") >= 2 * min(fails, pair_runs),
                             r.stdout)
     check.finish()
 
