@@ -685,8 +685,11 @@ int QpEngine::submit(std::span<SendWr> batch)
 					fatal = d == Direct::Fatal;
 					continue;
 				}
+				w.reset_retry(); /* the builders leave it (begin()) */
 				if (run_now(w, fatal))
 					continue;
+			} else {
+				w.reset_retry();
 			}
 			sq_.push_back(std::move(w));
 			queued = true;

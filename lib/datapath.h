@@ -225,16 +225,32 @@ struct SendWr {
 	 * batch's). */
 	void reset_rest()
 	{
+		reset_operands();
+		reset_address();
+		reset_retry();
+	}
+	/* The parts reset_rest() resets, for makers that know which they
+	 * need: the local data and the operands every opcode may read; the
+	 * UD and XRC addressing; the retry state, which only a WR that waits
+	 * or enters the queue uses (QpEngine::submit). */
+	void reset_operands()
+	{
 		sge.clear();
 		inline_data.clear();
 		remote_addr = 0;
 		rkey = 0;
 		compare_add = 0;
 		swap = 0;
+	}
+	void reset_address()
+	{
 		remote_qpn = 0;
 		remote_qkey = 0;
 		xrc_srqn = 0;
 		ah_attr = {};
+	}
+	void reset_retry()
+	{
 		rnr_left = -1;
 		not_before = {};
 		rnr_look = {};

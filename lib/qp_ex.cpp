@@ -69,7 +69,12 @@ SendWr *begin(struct ibv_qp_ex *q, enum ibv_wr_opcode opcode)
 	w.wr_id = q->wr_id;
 	w.send_flags = q->wr_flags & ~unsigned(IBV_SEND_INLINE); /* inline comes from the setter */
 	w.imm_data = 0;
-	w.reset_rest();
+	/* What this QP type's WRs may read; submit() resets the retry state
+	 * of a WR that does not complete at once. */
+	w.reset_operands();
+	const enum ibv_qp_type type = q->qp_base.qp_type;
+	if (type == IBV_QPT_UD || type == IBV_QPT_XRC_SEND)
+		w.reset_address();
 	return &w;
 }
 
@@ -257,10 +262,24 @@ void set_inline(struct ibv_qp_ex *q, size_t num_buf, const struct ibv_data_buf *
 	}
 }
 
+/* set_inline() of one buffer, without the loops: a message of ib_write_lat
+ * and ib_send_lat sets one. */
 void wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length)
 {
-	struct ibv_data_buf b = {addr, length};
-	set_inline(q, 1, &b);
+	SendWr *w = current(q);
+	if (!w)
+		return;
+	if (length > caps_of(q).created.max_inline_data) {
+		latch(*batch_of(q), ENOMEM);
+		return;
+	}
+	if (length && !addr) {
+		latch(*batch_of(q), EINVAL);
+		return;
+	}
+	w->sge.clear();
+	w->inline_data.clear();
+	w->inline_data.append(static_cast<const char *>(addr), length);
 }
 
 void wr_set_inline_data_list(struct ibv_qp_ex *q, size_t num_buf, const struct ibv_data_buf *list)
