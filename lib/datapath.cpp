@@ -206,6 +206,31 @@ const KeyRef &HeldKey::take(const PeerSegment &peer, uint32_t k)
 	ref = acquire_key(peer, k); /* releases the one held */
 	key = k;
 	seg = &peer;
+	direct = false;
+	window.reset();
+	if (!ref)
+		return ref;
+	const KeyEntry &e = *ref;
+	iova = e.iova;
+	length = e.length;
+	access = e.access;
+	pdn = e.pdn;
+	null_mr = e.kind == KeyKind::NullMr;
+	if (null_mr)
+		return ref;
+	/* Reached directly when the whole MR is: our own memory (a loopback
+	 * target), or a Shared MR whose window covers it. */
+	if (peer.local) {
+		direct = true;
+		delta = e.addr - e.iova;
+	} else if (e.path == MemPath::Shared) {
+		SharedWindow w;
+		if (!shared_window(peer, e, w) && w.covers(peer, e.addr, e.length)) {
+			direct = true;
+			delta = e.addr + w.delta - e.iova;
+			window = std::move(w.hold);
+		}
+	}
 	return ref;
 }
 
@@ -1313,8 +1338,9 @@ const KeyRef *QpEngine::hold_rkey(const PeerSegment &peer, const shm::QpDesc &t,
 		return nullptr;
 	/* A hold kept from an earlier post is good while the key is still
 	 * published: the owner's dereg_mr withdraws it, then waits for us. */
+	const HeldKey &h = held_.rkey;
 	const KeyRef &ref = held_.rkey.get(peer, rkey);
-	if (ref && ref->kind != KeyKind::NullMr && ref->pdn == pdn && ref.permits(addr, len, access))
+	if (ref && !h.null_mr && h.pdn == pdn && h.permits(addr, len, access))
 		return &ref;
 	return nullptr;
 }
@@ -1351,8 +1377,16 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 			return access_error();
 		if (!length)
 			return Outcome::Done;
-		const uint64_t at = rkey->address_of(op.remote_addr);
 		const int n = int(local.size());
+		if (char *p = held_.rkey.local(op.remote_addr); p && n == 1) {
+			/* The common case: one piece, memory reached directly. */
+			if (write)
+				copy_payload(p, local[0].iov_base, local[0].iov_len);
+			else
+				copy_payload(local[0].iov_base, p, local[0].iov_len);
+			return Outcome::Done;
+		}
+		const uint64_t at = rkey->address_of(op.remote_addr);
 		if (write ? remote_write(peer, **rkey, at, local.data(), n)
 			  : remote_read(peer, **rkey, at, local.data(), n))
 			return fail(IBV_WC_REM_ACCESS_ERR);
@@ -1634,12 +1668,11 @@ bool QpEngine::send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment
 		if (s.length < length || s.lkey == null_mr_key)
 			return false;
 		/* Held as execute() holds it: kept for the next WRs. */
-		const KeyRef &ref = held_.recv_key.get(peer, s.lkey);
-		if (!ref || ref->pdn != t.pdn || !ref.permits(s.addr, length, IBV_ACCESS_LOCAL_WRITE))
+		const HeldKey &h = held_.recv_key;
+		if (!held_.recv_key.get(peer, s.lkey) || h.null_mr || h.pdn != t.pdn ||
+		    !h.permits(s.addr, length, IBV_ACCESS_LOCAL_WRITE))
 			return false;
-		const uint64_t at = ref.address_of(s.addr);
-		to = peer.local ? reinterpret_cast<char *>(at) : cached_window(peer, *ref, at, length);
-		if (!to)
+		if (!(to = h.local(s.addr)))
 			return false;
 	}
 	if (!rq.head.compare_exchange_strong(head, head + 1, std::memory_order_acq_rel))

@@ -166,6 +166,17 @@ struct HeldKey {
 	KeyRef ref;
 	uint32_t key = 0;
 	const PeerSegment *seg = nullptr; /* whose table; kept alive by the holder */
+	/* Copied from the entry when taken, which stays the key's while it
+	 * is held: what the checks of each use read, in the holder's line. */
+	uint64_t iova = 0, length = 0;
+	uint32_t access = 0, pdn = 0;
+	bool null_mr = false;
+	/* Where the memory is reached directly, when it is (ours, or a
+	 * Shared MR through `window`, which keeps that mapped): the local
+	 * address of an iova is iova + delta. */
+	bool direct = false;
+	uint64_t delta = 0;
+	std::shared_ptr<const void> window;
 
 	/* The hold on `k` of `peer`'s table: the one kept while the slot still
 	 * names it, else taken afresh (an empty ref: `k` is not published). */
@@ -176,18 +187,36 @@ struct HeldKey {
 		return take(peer, k);
 	}
 	const KeyRef &take(const PeerSegment &peer, uint32_t k);
+	/* KeyRef::permits() of the held key (not the null MR's: callers
+	 * refuse it first), from the copies. */
+	bool permits(uint64_t at, uint64_t len, uint32_t need) const
+	{
+		const uint64_t offset = at - iova;
+		return (access & need) == need && at >= iova && offset <= length &&
+		       len <= length - offset;
+	}
+	/* The local address of `at` where the memory is reached directly
+	 * and permits() held; nullptr where it takes another path. */
+	char *local(uint64_t at) const
+	{
+		return direct ? reinterpret_cast<char *>(at + delta) : nullptr;
+	}
 	/* The key was withdrawn since it was taken (its owner waits for us). */
 	bool withdrawn() const { return ref && !ref.names(key); }
 	void release()
 	{
 		ref.release();
 		seg = nullptr;
+		direct = false;
+		window.reset();
 	}
 	/* A forked child: the hold counts in the parent's name. */
 	void forget()
 	{
 		ref.forget();
 		seg = nullptr;
+		direct = false;
+		window.reset();
 	}
 };
 

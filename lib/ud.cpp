@@ -365,13 +365,11 @@ bool takes_messages(uint32_t st)
 		 * payload, its key held between WRs; the loop below with
 		 * nothing to decide. */
 		const shm::RecvSge &s = rsges[0];
-		const KeyRef &ref = held_.recv_key.get(rq_seg, s.lkey);
+		const HeldKey &h = held_.recv_key;
 		char *to = nullptr;
-		if (ref && ref->pdn == t.rq_pdn && ref.permits(s.addr, total, IBV_ACCESS_LOCAL_WRITE)) {
-			const uint64_t at = ref.address_of(s.addr);
-			to = rq_seg.local ? reinterpret_cast<char *>(at)
-					  : cached_window(rq_seg, *ref, at, total);
-		}
+		if (held_.recv_key.get(rq_seg, s.lkey) && !h.null_mr && h.pdn == t.rq_pdn &&
+		    h.permits(s.addr, total, IBV_ACCESS_LOCAL_WRITE))
+			to = h.local(s.addr);
 		if (to) {
 			if (m.grh)
 				std::memcpy(to, m.grh, grh_bytes);
