@@ -178,12 +178,26 @@ def parse_perftest(out, kind):
 
 
 def one_cpu():
-    """A prefix that runs a command on one CPU (the first this process may
-    use): server and client then share it, as on an oversubscribed host."""
-    return ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
+    """Prefixes (server, client) that run both on one CPU (the first this
+    process may use): they then share it, as on an oversubscribed host."""
+    prefix = ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
+    return prefix, prefix
 
 
-def case_perftest(env, test, size, extra_args=(), memory_path=None, name=None, pin=()):
+def cpus_apart():
+    """Prefixes (server, client) that put a pair on two different CPUs, the
+    first two this process may use, as one pins a benchmark's processes:
+    left to the scheduler on 2 CPUs, a pair sometimes shares one for a
+    while, and a latency then measures the scheduler (ratios of 0.3x to
+    9.6x between repetitions of one comparison). Every pair of every
+    stack is pinned alike; no prefix when only one CPU is allowed."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return [], []
+    return ["taskset", "-c", str(cpus[0])], ["taskset", "-c", str(cpus[1])]
+
+
+def case_perftest(env, test, size, extra_args=(), memory_path=None, name=None, pins=None):
     kind = "lat" if test.endswith("_lat") else "bw"
     if not shutil.which(test):
         raise CaseError(f"skip: {test} is not installed")
@@ -191,12 +205,12 @@ def case_perftest(env, test, size, extra_args=(), memory_path=None, name=None, p
     e, runtime = env.shmverbs(**extra)
     try:
         port = str(free_port())
-        args = list(pin) + [test, "-d", "shm0", "-p", port, "-n",
-                            str(perftest_iters(kind, size, env.smoke))]
+        args = [test, "-d", "shm0", "-p", port, "-n", str(perftest_iters(kind, size, env.smoke))]
         if not test.startswith("ib_atomic"):
             args += ["-s", str(size)]
         args += list(extra_args)
-        out, _ = run_pair(args, args + ["127.0.0.1"], e)
+        server_pin, client_pin = pins or cpus_apart()
+        out, _ = run_pair(server_pin + args, client_pin + args + ["127.0.0.1"], e)
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     r = parse_perftest(out, kind)
@@ -217,13 +231,14 @@ def ucx_iters(test, size, smoke):
     return max(100, min(200000, (256 * MiB) // size))
 
 
-def case_ucx(env, test, size, pin=(), iters=None, name=None):
+def case_ucx(env, test, size, pins=None, iters=None, name=None):
     if not shutil.which("ucx_perftest"):
         raise CaseError("skip: ucx_perftest is not installed (ucx-utils)")
     e = dict(env.base, UCX_TLS="posix,self", UCX_WARN_UNUSED_ENV_VARS="n")
     port = str(free_port())
-    server = list(pin) + ["ucx_perftest", "-p", port]
-    client = list(pin) + ["ucx_perftest", "localhost", "-p", port, "-t", test, "-s", str(size),
+    server_pin, client_pin = pins or cpus_apart()
+    server = server_pin + ["ucx_perftest", "-p", port]
+    client = client_pin + ["ucx_perftest", "localhost", "-p", port, "-t", test, "-s", str(size),
                           "-n", str(iters or ucx_iters(test, size, env.smoke))]
     out, _ = run_pair(server, client, e)
     m = re.search(r"^Final:\s+(.*)$", out, re.M)
@@ -247,7 +262,9 @@ def case_fabric(env, size, no_cma=False):
     iters = 20 if env.smoke else (1000 if size <= 64 * KiB else 200)
     port = str(free_port())
     common = ["fi_pingpong", "-p", "shm", "-e", "rdm", "-I", str(iters), "-S", str(size)]
-    out, _ = run_pair(common + ["-B", port], common + ["-P", port, "localhost"], e)
+    server_pin, client_pin = cpus_apart()
+    out, _ = run_pair(server_pin + common + ["-B", port],
+                      client_pin + common + ["-P", port, "localhost"], e)
     units = {"": 1, "k": KiB, "m": MiB, "g": 1024 * MiB}
     for line in out.splitlines():
         f = line.split()
@@ -312,9 +329,9 @@ def build_cases(env):
     # Sender and receiver on one CPU: each runs only in the other's gaps.
     # UCX then manages some 10^4 messages/s: few iterations.
     add("oversubscribed", "ib_send_bw 8 B, both on one CPU",
-        lambda: case_perftest(env, "ib_send_bw", 8, name="ib_send_bw/8/one_cpu", pin=one_cpu()))
+        lambda: case_perftest(env, "ib_send_bw", 8, name="ib_send_bw/8/one_cpu", pins=one_cpu()))
     add("oversubscribed", "ucp_am_bw 8 B, both on one CPU",
-        lambda: case_ucx(env, "ucp_am_bw", 8, pin=one_cpu(), iters=100 if smoke else 2000,
+        lambda: case_ucx(env, "ucp_am_bw", 8, pins=one_cpu(), iters=100 if smoke else 2000,
                          name="ucp_am_bw/8/one_cpu"))
     for size in fi_sizes:
         add("libfabric", f"fi_pingpong {size_label(size)}", lambda s=size: case_fabric(env, s))
