@@ -841,7 +841,7 @@ void QpEngine::release_holds()
 	}
 }
 
-bool QpEngine::keep_holds()
+[[gnu::always_inline]] inline bool QpEngine::keep_holds()
 {
 	if (!held_.inflight)
 		return false;
@@ -1482,14 +1482,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	if (wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
 		d.op = {wr.opcode, wr.wr.atomic.remote_addr, wr.wr.atomic.rkey,
 			wr.wr.atomic.compare_add, wr.wr.atomic.swap};
-	if (d.inlined) {
-		uint64_t length = 0;
-		for (const struct ibv_sge &s : d.sge)
-			length += s.length;
-		if (length > qp_.core->caps.created.max_inline_data)
-			return Direct::NotTaken; /* fill()'s EINVAL */
-	}
-	return run_direct(d);
+	return run_direct(d); /* which leaves inline data over the limit to fill() */
 }
 
 [[gnu::flatten]] QpEngine::Direct QpEngine::try_direct(const SendWr &w)
@@ -1539,6 +1532,10 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 	uint64_t length = 0;
 	if (!direct_local(wr.sge, wr.inlined, local_access, few, local, length))
 		return Direct::NotTaken;
+	/* ibv_post_send's inline data over the limit: fill()'s EINVAL (the
+	 * builders checked theirs). direct_local() took no key for it. */
+	if (wr.inlined && length > qp_.core->caps.created.max_inline_data)
+		return Direct::NotTaken;
 	struct ibv_wc wc;
 	wc.byte_len = uint32_t(length);
 	Outcome o = Outcome::Done;
@@ -1565,31 +1562,46 @@ bool QpEngine::direct_local(std::span<const struct ibv_sge> sge, bool inlined, u
 			    struct iovec (&few)[4], std::span<const struct iovec> &local,
 			    uint64_t &length)
 {
-	length = 0;
-	if (sge.size() <= std::size(few)) {
+	/* One non-empty piece: 1 placed in `out`; -1 refused (local key);
+	 * 0 a null MR's, for the vector path. */
+	auto place = [&](const struct ibv_sge &s, struct iovec &out) {
+		uint64_t at = s.addr;
+		if (!inlined) {
+			const KeyRef *ref = local_refs_.get(local_keys_, s.lkey);
+			if (ref && (*ref)->kind == KeyKind::NullMr)
+				return 0;
+			if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, access))
+				return -1;
+			at = ref->address_of(s.addr);
+		}
+		out = {reinterpret_cast<void *>(at), s.length};
+		return 1;
+	};
+	int placed = 1;
+	if (sge.size() == 1) { /* the common WR, without the loop */
+		length = sge[0].length;
+		if (length)
+			placed = place(sge[0], few[0]);
+		local = std::span(few, length ? 1 : 0);
+	} else if (sge.size() <= std::size(few)) {
+		length = 0;
 		size_t n = 0;
 		for (const struct ibv_sge &s : sge) {
 			length += s.length;
-			if (!s.length)
-				continue;
-			uint64_t at = s.addr;
-			if (!inlined) {
-				const KeyRef *ref = local_refs_.get(local_keys_, s.lkey);
-				if (ref && (*ref)->kind == KeyKind::NullMr)
-					goto vector_path;
-				if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, access)) {
-					local_refs_.end_wr();
-					return false;
-				}
-				at = ref->address_of(s.addr);
-			}
-			few[n++] = {reinterpret_cast<void *>(at), s.length};
+			if (s.length && (placed = place(s, few[n++])) <= 0)
+				break;
 		}
 		local = std::span(few, n);
-		return true;
+	} else {
+		placed = 0;
 	}
-vector_path:
-	length = 0;
+	if (placed > 0)
+		return true;
+	if (placed < 0) {
+		local_refs_.end_wr();
+		return false;
+	}
+	length = 0; /* the vector path */
 	local_iov_.clear();
 	if (inlined) {
 		for (const struct ibv_sge &s : sge) {
