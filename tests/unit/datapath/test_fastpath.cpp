@@ -326,6 +326,41 @@ TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path"
 	{
 		refused({b.addr(256), 64, rk ^ 0x100}, 8, IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR);
 	}
+	SECTION("inline data over the QP's limit: EINVAL at that WR, nothing done")
+	{
+		struct ibv_qp_attr qa{};
+		struct ibv_qp_init_attr qi{};
+		REQUIRE(ibv_query_qp(a.qp, &qa, IBV_QP_CAP, &qi) == 0);
+		const uint32_t limit = qi.cap.max_inline_data;
+		REQUIRE(limit + 1 <= 2048);
+		std::memset(a.at(4096), 'i', limit + 1);
+		std::memset(b.at(4096), '.', limit + 1);
+		auto write = [&](uint64_t wr_id, std::initializer_list<ibv_sge> sges) {
+			std::vector<struct ibv_sge> sg(sges);
+			struct ibv_send_wr wr{}, *bad = nullptr;
+			wr.wr_id = wr_id;
+			wr.opcode = IBV_WR_RDMA_WRITE;
+			wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+			wr.sg_list = sg.data();
+			wr.num_sge = int(sg.size());
+			wr.wr.rdma.remote_addr = b.addr(4096);
+			wr.wr.rdma.rkey = b.mr->rkey;
+			int err = ibv_post_send(a.qp, &wr, &bad);
+			CHECK(bad == (err ? &wr : nullptr));
+			return err;
+		};
+		/* One piece, then two, one byte over. */
+		CHECK(write(103, {{a.addr(4096), limit + 1, lk}}) == EINVAL);
+		CHECK(write(104, {{a.addr(4096), 1, lk}, {a.addr(4097), limit, lk}}) == EINVAL);
+		CHECK(Pair::quiet(a));
+		CHECK(b.at(4096)[0] == '.');
+		/* At the limit it goes. */
+		REQUIRE(write(105, {{a.addr(4096), limit, lk}}) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK((wc.wr_id == 105 && wc.status == IBV_WC_SUCCESS));
+		CHECK(b.at(4096)[limit - 1] == 'i');
+		CHECK(b.at(4096)[limit] == '.');
+	}
 	SECTION("no receive posted: receiver not ready")
 	{
 		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(0), 8, lk}}) == 0);
