@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <poll.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +49,60 @@ int ud_receiver(bool wait)
 	return 0;
 }
 
+/* An RC QP: prints "qpn N lid L", reads "QPN LID" (the test's QP),
+ * connects and SENDs 16 bytes every 200 us, each completed before the next,
+ * until told otherwise on stdin: "write RKEY ADDR" RDMA WRITEs 8 bytes
+ * there, prints "wrote STATUS" and goes on sending; "stop" prints "sent N"
+ * and ends. A sender that keeps posting: the progress thread's sweep never
+ * finds its holds idle. */
+int rc_streamer()
+{
+	Dev d(IBV_QPT_RC);
+	PageBuf buf;
+	struct ibv_mr *mr = ibv_reg_mr(d.pd, buf.p, buf.n, IBV_ACCESS_LOCAL_WRITE);
+	NEED(mr);
+	std::printf("qpn %u lid %u\n", d.qp->qp_num, unsigned(d.lid));
+	char line[128];
+	NEED(std::fgets(line, sizeof(line), stdin));
+	unsigned dest = 0, lid = 0;
+	NEED(std::sscanf(line, "%u %u", &dest, &lid) == 2);
+	NEED(rc_to_rts(d.qp, dest, uint16_t(lid)) == 0);
+	struct ibv_wc wc{};
+	unsigned long sent = 0;
+	for (;;) {
+		struct pollfd p = {0, POLLIN, 0};
+		if (poll(&p, 1, 0) == 1) {
+			NEED(std::fgets(line, sizeof(line), stdin));
+			unsigned rkey = 0;
+			unsigned long long addr = 0;
+			if (std::sscanf(line, "write %u %llu", &rkey, &addr) != 2)
+				break;
+			struct ibv_sge sge = {buf.addr(), 8, mr->lkey};
+			struct ibv_send_wr wr{}, *bad = nullptr;
+			wr.opcode = IBV_WR_RDMA_WRITE;
+			wr.send_flags = IBV_SEND_SIGNALED;
+			wr.sg_list = &sge;
+			wr.num_sge = 1;
+			wr.wr.rdma.remote_addr = addr;
+			wr.wr.rdma.rkey = rkey;
+			NEED(ibv_post_send(d.qp, &wr, &bad) == 0);
+			NEED(wait_one(d.cq, wc));
+			std::printf("wrote %d\n", int(wc.status));
+			continue;
+		}
+		NEED(post_send(d.qp, mr, buf, sent) == 0);
+		NEED(wait_one(d.cq, wc));
+		if (wc.status != IBV_WC_SUCCESS)
+			std::fprintf(stderr, "peer: SEND %lu: %s\n", sent, ibv_wc_status_str(wc.status));
+		NEED(wc.status == IBV_WC_SUCCESS);
+		sent++;
+		std::this_thread::sleep_for(std::chrono::microseconds(200));
+	}
+	std::printf("sent %lu\n", sent);
+	ibv_dereg_mr(mr);
+	return 0;
+}
+
 } // namespace
 
 int peer_main(const char *role, int argc, char **argv)
@@ -55,6 +111,8 @@ int peer_main(const char *role, int argc, char **argv)
 	setvbuf(stdout, nullptr, _IOLBF, 0);
 	if (std::strcmp(role, "ud-receiver") == 0)
 		return ud_receiver(argc > 0 && std::strcmp(argv[0], "wait") == 0);
+	if (std::strcmp(role, "rc-streamer") == 0)
+		return rc_streamer();
 	std::fprintf(stderr, "unknown peer role %s\n", role);
 	return 2;
 }

@@ -4,7 +4,8 @@
  * holding a key must not hang dereg). The holder is a real process that
  * takes the key in our segment exactly as the send engine does and then
  * stops itself in the middle of its "operation" (tests/unit/lifecycle/
- * key_holder.cpp).
+ * key_holder.cpp). Last, a live holder that keeps posting: the send
+ * engine of a peer that wrote to the MR and streams SENDs on.
  */
 #include "lifecycle.h"
 
@@ -85,4 +86,90 @@ TEST_CASE("dereg_mr returns promptly when the process holding the key is killed 
 		}
 		CHECK(rc == 0);
 	}
+}
+
+/* A sender keeps the rkey of its last RDMA WRITE held between posts (one
+ * hold, no locked instruction per WR), and the progress thread lets go of
+ * holds only when no post came for a while. A sender that goes on posting
+ * SENDs must still let go of that rkey once its owner deregisters it: the
+ * end of each post looks whether a held key was withdrawn. */
+TEST_CASE("dereg_mr returns while the peer that wrote to it keeps sending to us",
+	  "[lifecycle][held-key]")
+{
+	Dev me(IBV_QPT_RC);
+	/* A receive queue of its own, deep enough that the stream never meets
+	 * RNR (whose retry lets go of every hold and would hide a missing
+	 * check). */
+	struct ibv_qp_init_attr qa{};
+	qa.send_cq = qa.recv_cq = me.cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 1;
+	qa.cap.max_recv_wr = 1024;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(me.pd, &qa);
+	REQUIRE(qp);
+	shmv_test::QpPath path;
+	path.access = IBV_ACCESS_REMOTE_WRITE;
+	REQUIRE(shmv_test::qp_to_init(qp, IBV_QPT_RC, path) == 0); /* receives go in from INIT */
+	PageBuf target, rbuf;
+	struct ibv_mr *wmr = ibv_reg_mr(me.pd, target.p, target.n,
+					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_mr *rmr = ibv_reg_mr(me.pd, rbuf.p, rbuf.n, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE((wmr && rmr));
+	auto post_recv = [&](uint64_t id) {
+		struct ibv_sge sge = {rbuf.addr(64 * (id % 64)), 64, rmr->lkey};
+		struct ibv_recv_wr wr{}, *bad = nullptr;
+		wr.wr_id = id;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		return ibv_post_recv(qp, &wr, &bad);
+	};
+	int refused = 0;
+	for (uint64_t i = 0; i < 1024; i++)
+		refused += post_recv(i) != 0;
+	REQUIRE(refused == 0);
+
+	Proc peer({"self", "--peer", "rc-streamer"});
+	unsigned qpn = 0, lid = 0;
+	REQUIRE(std::sscanf(peer.line().c_str(), "qpn %u lid %u", &qpn, &lid) == 2);
+	REQUIRE(shmv_test::qp_init_to_rts(qp, IBV_QPT_RC, qpn, uint16_t(lid), path) == 0);
+	peer.send(std::to_string(qp->qp_num) + " " + std::to_string(me.lid));
+
+	/* Our side of the stream: every receive reposted as it completes. */
+	std::atomic<bool> stop{false};
+	std::atomic<uint64_t> received{0};
+	std::thread receiver([&] {
+		struct ibv_wc wc;
+		while (!stop.load()) {
+			if (ibv_poll_cq(me.cq, 1, &wc) != 1) {
+				std::this_thread::yield();
+				continue;
+			}
+			if (wc.status == IBV_WC_SUCCESS && post_recv(wc.wr_id + 1024) == 0)
+				received.fetch_add(1);
+		}
+	});
+	/* The stream runs; one WRITE in its middle, then more SENDs. */
+	REQUIRE(eventually([&] { return received.load() >= 20; }, 5000));
+	REQUIRE(peer.ask("write " + std::to_string(wmr->rkey) + " " +
+			 std::to_string(target.addr())) == "wrote 0");
+	const uint64_t at_write = received.load();
+	REQUIRE(eventually([&] { return received.load() >= at_write + 20; }, 5000));
+	int rc = -1;
+	std::string sent;
+	{
+		Call dereg([&] { rc = ibv_dereg_mr(wmr); });
+		CHECK(dereg.wait(3000));
+		/* It returned while the stream went on. */
+		const uint64_t at_dereg = received.load();
+		CHECK(eventually([&] { return received.load() >= at_dereg + 20; }, 5000));
+		sent = peer.ask("stop"); /* a hold still kept ends with the stream */
+		CHECK(dereg.wait(10000));
+	}
+	CHECK(rc == 0);
+	stop = true;
+	receiver.join();
+	CHECK(sent.rfind("sent ", 0) == 0);
+	CHECK(ibv_destroy_qp(qp) == 0);
+	ibv_dereg_mr(rmr);
 }
