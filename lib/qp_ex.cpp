@@ -237,8 +237,10 @@ void wr_set_sge_list(struct ibv_qp_ex *q, size_t num_sge, const struct ibv_sge *
 			w->sge.push_back(sg_list[i]);
 }
 
-/* Inline data is copied now: the caller may reuse its buffer at once. */
-void set_inline(struct ibv_qp_ex *q, size_t num_buf, const struct ibv_data_buf *bufs)
+/* Inline data is copied now: the caller may reuse its buffer at once.
+ * Inlined into both setters: with one buffer (a message of ib_write_lat
+ * and ib_send_lat sets one) the loops fold away. */
+[[gnu::always_inline]] inline void set_inline(struct ibv_qp_ex *q, size_t num_buf, const struct ibv_data_buf *bufs)
 {
 	SendWr *w = current(q);
 	if (!w)
@@ -262,24 +264,10 @@ void set_inline(struct ibv_qp_ex *q, size_t num_buf, const struct ibv_data_buf *
 	}
 }
 
-/* set_inline() of one buffer, without the loops: a message of ib_write_lat
- * and ib_send_lat sets one. */
 void wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length)
 {
-	SendWr *w = current(q);
-	if (!w)
-		return;
-	if (length > caps_of(q).created.max_inline_data) {
-		latch(*batch_of(q), ENOMEM);
-		return;
-	}
-	if (length && !addr) {
-		latch(*batch_of(q), EINVAL);
-		return;
-	}
-	w->sge.clear();
-	w->inline_data.clear();
-	w->inline_data.append(static_cast<const char *>(addr), length);
+	struct ibv_data_buf b = {addr, length};
+	set_inline(q, 1, &b);
 }
 
 void wr_set_inline_data_list(struct ibv_qp_ex *q, size_t num_buf, const struct ibv_data_buf *list)
