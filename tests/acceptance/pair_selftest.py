@@ -77,14 +77,21 @@ def main():
         with open(prog, "w") as f:
             f.write(FAKE)
         os.chmod(prog, stat.S_IRWXU)
+
+        def run_pair(env):
+            return subprocess.run([sys.executable, pair_py, "real", dropin, preload, broker, prog],
+                                  env=env, capture_output=True, text=True, timeout=60)
+
+        def runs_counted(path):
+            """How many runs the fake counted in `path` (one byte each)."""
+            return len(open(path).read()) if os.path.exists(path) else 0
         for name, side, report, want in CASES:
             env = dict(os.environ)
             env.pop("FAKE_REPORT_SIDE", None)
             if side:
                 env["FAKE_REPORT_SIDE"] = side
                 env["FAKE_REPORT"] = report
-            r = subprocess.run([sys.executable, pair_py, "real", dropin, preload, broker, prog],
-                               env=env, capture_output=True, text=True, timeout=60)
+            r = run_pair(env)
             check.check(f"{name}: exit {want}", r.returncode == want,
                         f"exit {r.returncode}\n{r.stdout}{r.stderr}")
             if side:
@@ -104,11 +111,10 @@ def main():
             env = dict(os.environ, FAKE_CLIENT_RUNS=runs)
             if fail:
                 env["FAKE_CLIENT_FAIL"] = fail
-            r = subprocess.run([sys.executable, pair_py, "real", dropin, preload, broker, prog],
-                               env=env, capture_output=True, text=True, timeout=60)
+            r = run_pair(env)
             check.check(f"{name}: exit {want}", r.returncode == want,
                         f"exit {r.returncode}\n{r.stdout}{r.stderr}")
-            got = len(open(runs).read()) if os.path.exists(runs) else 0
+            got = runs_counted(runs)
             check.check(f"{name}: the client ran {attempts} time(s)", got == attempts,
                         f"{got} runs\n{r.stdout}")
             if fail:
@@ -129,11 +135,10 @@ def main():
                        FAKE_CALIBRATION_FAILS=str(fails), **extra)
             if not extra:
                 env.pop("FAKE_REPORT_SIDE", None)
-            r = subprocess.run([sys.executable, pair_py, "real", dropin, preload, broker, prog],
-                               env=env, capture_output=True, text=True, timeout=60)
+            r = run_pair(env)
             check.check(f"{name}: exit {want}", r.returncode == want,
                         f"exit {r.returncode}\n{r.stdout}{r.stderr}")
-            got = len(open(calib).read()) if os.path.exists(calib) else 0
+            got = runs_counted(calib)
             check.check(f"{name}: the pair ran {pair_runs} time(s)", got == pair_runs,
                         f"{got} runs\n{r.stdout}")
             if pair_runs > 1:
