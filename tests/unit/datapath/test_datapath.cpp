@@ -13,17 +13,12 @@
 #include <infiniband/verbs.h>
 
 #include "../common/peer.h"
+#include "../common/seccomp.h"
 
 #include <fcntl.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <poll.h>
 #include <signal.h>
-#include <stddef.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +38,7 @@ constexpr size_t buf_size = 4096;
 
 /* The target process has no Catch2 session: NEED (../common/peer.h)
  * exits there on a failure. */
+using shmv_test::block_cma_with_seccomp;
 using shmv_test::read_line;
 
 /*
@@ -308,38 +304,6 @@ int post(Node &n, enum ibv_wr_opcode op, uint32_t off, uint32_t len, uint64_t ra
 		wr.wr.rdma.rkey = rkey;
 	}
 	return ibv_post_send(n.qp, &wr, &bad);
-}
-
-
-#if defined(__x86_64__)
-constexpr uint32_t audit_arch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-constexpr uint32_t audit_arch = AUDIT_ARCH_AARCH64;
-#else
-#error "add the AUDIT_ARCH of this architecture"
-#endif
-
-/* process_vm_readv/writev fail with EPERM from now on, in this process and
- * every process it starts (the targets), as under a container's default
- * seccomp profile (the filter of tests/unit/memshare/test_cma.cpp). */
-int block_cma_with_seccomp()
-{
-	struct sock_filter f[] = {
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, audit_arch, 1, 0),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 2, 0),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_writev, 1, 0),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-	};
-	struct sock_fprog prog = {sizeof(f) / sizeof(f[0]), f};
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-		return errno;
-	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0)
-		return errno;
-	return 0;
 }
 
 /* Whether process_vm_readv works here (it does on ourselves unless blocked). */

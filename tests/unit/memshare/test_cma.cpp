@@ -8,12 +8,7 @@
 #include "helpers.h"
 #include "memshare.h"
 
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <stddef.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
+#include "../common/seccomp.h"
 
 #include <cstdlib>
 #include <memory>
@@ -21,40 +16,7 @@
 
 using namespace shmverbs::memshare;
 using namespace memshare_test;
-
-namespace {
-
-#if defined(__x86_64__)
-constexpr uint32_t kAuditArch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-constexpr uint32_t kAuditArch = AUDIT_ARCH_AARCH64;
-#else
-#error "add the AUDIT_ARCH of this architecture"
-#endif
-
-/* process_vm_readv/writev fail with EPERM from now on, in this process and
- * its descendants, as under a container's default seccomp profile. */
-int block_cma_with_seccomp()
-{
-	struct sock_filter f[] = {
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kAuditArch, 1, 0),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 2, 0),
-		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_writev, 1, 0),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-	};
-	struct sock_fprog prog = {sizeof(f) / sizeof(f[0]), f};
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-		return errno;
-	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0)
-		return errno;
-	return 0;
-}
-
-} // namespace
+using shmv_test::block_cma_with_seccomp;
 
 /* Run in a fresh process (re-executed test binary) under the filter: the
  * probe must see CMA blocked, non-shareable memory must go to bounce, and
