@@ -575,6 +575,29 @@ int ensure_file(State &st)
 	return 0;
 }
 
+/* Makes the pieces read-only (keeping PROT_EXEC), first to last, so that
+ * no store lands while their pages are copied (another thread's store
+ * faults and waits in on_segv until the window closes). `done`: how many
+ * it changed. 0, or the errno of the mprotect that failed. */
+int write_protect(const std::vector<Piece> &pieces, size_t &done)
+{
+	for (; done < pieces.size(); done++) {
+		const Piece &p = pieces[done];
+		if (mprotect(reinterpret_cast<void *>(p.start), p.end - p.start,
+			     PROT_READ | (p.prot & PROT_EXEC)) != 0)
+			return errno;
+	}
+	return 0;
+}
+
+/* Gives pieces [from, to) their own protection back. */
+void restore_protection(const std::vector<Piece> &pieces, size_t from, size_t to)
+{
+	for (size_t i = from; i < to; i++)
+		mprotect(reinterpret_cast<void *>(pieces[i].start), pieces[i].end - pieces[i].start,
+			 pieces[i].prot);
+}
+
 /* Switches the contiguous pieces (private anonymous) to the memory file. On
  * failure nothing changed, except when an mmap failed half-way (logged). */
 int switch_in(State &st, const std::vector<Piece> &pieces)
@@ -588,16 +611,8 @@ int switch_in(State &st, const std::vector<Piece> &pieces)
 	install_segv_handler();
 	sigset_t mask;
 	open_window(s, e, &mask);
-	int err = 0;
 	size_t protected_n = 0, mapped_n = 0;
-	for (; protected_n < pieces.size(); protected_n++) {
-		const Piece &p = pieces[protected_n];
-		if (mprotect(reinterpret_cast<void *>(p.start), p.end - p.start,
-			     PROT_READ | (p.prot & PROT_EXEC)) != 0) {
-			err = errno;
-			break;
-		}
-	}
+	int err = write_protect(pieces, protected_n);
 	if (!err)
 		err = copy_into_file(st.fd, st.pagemap_fd, s, e);
 	if (!err) {
@@ -615,11 +630,8 @@ int switch_in(State &st, const std::vector<Piece> &pieces)
 			}
 		}
 	}
-	if (err) {
-		for (size_t i = mapped_n; i < protected_n; i++)
-			mprotect(reinterpret_cast<void *>(pieces[i].start),
-				 pieces[i].end - pieces[i].start, pieces[i].prot);
-	}
+	if (err)
+		restore_protection(pieces, mapped_n, protected_n);
 	close_window(&mask);
 	if (err && mapped_n == 0)
 		fallocate(st.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(s),
@@ -639,16 +651,8 @@ int switch_out(State &st, const std::vector<Piece> &pieces)
 	install_segv_handler();
 	sigset_t mask;
 	open_window(s, e, &mask);
-	int err = 0;
 	size_t protected_n = 0, moved_n = 0;
-	for (; protected_n < pieces.size(); protected_n++) {
-		const Piece &p = pieces[protected_n];
-		if (mprotect(reinterpret_cast<void *>(p.start), p.end - p.start,
-			     PROT_READ | (p.prot & PROT_EXEC)) != 0) {
-			err = errno;
-			break;
-		}
-	}
+	int err = write_protect(pieces, protected_n);
 	if (!err)
 		err = copy_file_extents(st.fd, s, e, tmp);
 	if (!err) {
@@ -668,9 +672,7 @@ int switch_out(State &st, const std::vector<Piece> &pieces)
 		}
 	}
 	/* Pieces not moved keep the shared mapping: restore their protection. */
-	for (size_t i = moved_n; i < protected_n; i++)
-		mprotect(reinterpret_cast<void *>(pieces[i].start), pieces[i].end - pieces[i].start,
-			 pieces[i].prot);
+	restore_protection(pieces, moved_n, protected_n);
 	close_window(&mask);
 	for (size_t i = moved_n; i < pieces.size(); i++)
 		munmap(tmp + (pieces[i].start - s), pieces[i].end - pieces[i].start);
