@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The copy of the data path's small payloads (lib/datapath.cpp, lib/ud.cpp)
- * and of the inline data ibv_wr_set_inline_data() takes (SmallVec, datapath.h).
+ * and of the inline data ibv_wr_set_inline_data() takes (SmallVec, datapath.h);
+ * the gather and scatter of local pieces to and from a contiguous range.
  */
 #pragma once
+
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +42,33 @@ namespace shmverbs {
 		d[0] = a;
 		d[n / 2] = b;
 		d[n - 1] = c;
+	}
+}
+
+/* The bytes of `count` pieces. */
+inline uint64_t iov_bytes(const struct iovec *v, int count)
+{
+	uint64_t total = 0;
+	for (int i = 0; i < count; i++)
+		total += v[i].iov_len;
+	return total;
+}
+
+/* The pieces, in order, into the range at `to`. */
+inline void gather(char *to, const struct iovec *v, int count)
+{
+	for (int i = 0; i < count; i++) {
+		std::memcpy(to, v[i].iov_base, v[i].iov_len);
+		to += v[i].iov_len;
+	}
+}
+
+/* The range at `from`, in order, into the pieces. */
+inline void scatter(const struct iovec *v, int count, const char *from)
+{
+	for (int i = 0; i < count; i++) {
+		std::memcpy(v[i].iov_base, from, v[i].iov_len);
+		from += v[i].iov_len;
 	}
 }
 

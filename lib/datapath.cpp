@@ -1747,17 +1747,12 @@ int QpEngine::remote_write(const PeerSegment &peer, const KeyEntry &mr, uint64_t
 		copy_payload(to, local->iov_base, local->iov_len);
 		return 0;
 	}
-	uint64_t total = 0;
-	for (int i = 0; i < count; i++)
-		total += local[i].iov_len;
 	/* Our own memory (a loopback target): the address is ours. */
-	char *to = peer.local ? reinterpret_cast<char *>(addr) : cached_window(peer, mr, addr, total);
+	char *to = peer.local ? reinterpret_cast<char *>(addr)
+			      : cached_window(peer, mr, addr, iov_bytes(local, count));
 	if (!to)
 		return remote_memory_for(peer, mr).write(peer, mr, addr, local, count);
-	for (int i = 0; i < count; i++) {
-		std::memcpy(to, local[i].iov_base, local[i].iov_len);
-		to += local[i].iov_len;
-	}
+	gather(to, local, count);
 	return 0;
 }
 
@@ -1772,17 +1767,11 @@ int QpEngine::remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t 
 		copy_payload(local->iov_base, from, local->iov_len);
 		return 0;
 	}
-	uint64_t total = 0;
-	for (int i = 0; i < count; i++)
-		total += local[i].iov_len;
 	const char *from = peer.local ? reinterpret_cast<const char *>(addr)
-				      : cached_window(peer, mr, addr, total);
+				      : cached_window(peer, mr, addr, iov_bytes(local, count));
 	if (!from)
 		return remote_memory_for(peer, mr).read(peer, mr, addr, local, count);
-	for (int i = 0; i < count; i++) {
-		std::memcpy(local[i].iov_base, from, local[i].iov_len);
-		from += local[i].iov_len;
-	}
+	scatter(local, count, from);
 	return 0;
 }
 

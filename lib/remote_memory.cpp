@@ -4,6 +4,7 @@
 #include "fork.h"
 
 #include "bounce.h"
+#include "copy.h"
 #include "memshare.h"
 #include "mr_memory.h"
 
@@ -83,21 +84,13 @@ public:
 	int write(const PeerSegment &, const KeyEntry &, uint64_t addr, const struct iovec *local,
 		  int count) override
 	{
-		char *to = reinterpret_cast<char *>(addr);
-		for (int i = 0; i < count; i++) {
-			std::memcpy(to, local[i].iov_base, local[i].iov_len);
-			to += local[i].iov_len;
-		}
+		gather(reinterpret_cast<char *>(addr), local, count);
 		return 0;
 	}
 	int read(const PeerSegment &, const KeyEntry &, uint64_t addr, const struct iovec *local,
 		 int count) override
 	{
-		const char *from = reinterpret_cast<const char *>(addr);
-		for (int i = 0; i < count; i++) {
-			std::memcpy(local[i].iov_base, from, local[i].iov_len);
-			from += local[i].iov_len;
-		}
+		scatter(local, count, reinterpret_cast<const char *>(addr));
 		return 0;
 	}
 	int atomic(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, AtomicOp op,
@@ -152,9 +145,7 @@ private:
 	static int transfer(const PeerSegment &peer, uint64_t addr, const struct iovec *local,
 			    int count, bool to_peer)
 	{
-		size_t total = 0;
-		for (int i = 0; i < count; i++)
-			total += local[i].iov_len;
+		const size_t total = iov_bytes(local, count);
 		size_t done = 0;
 		while (done < total) {
 			/* Skip what was done in the local iovecs. */
@@ -265,11 +256,7 @@ public:
 		std::shared_ptr<PeerFiles::Window> w;
 		if (int err = window(peer, mr, w))
 			return err;
-		char *to = static_cast<char *>(w->map.at(addr));
-		for (int i = 0; i < count; i++) {
-			std::memcpy(to, local[i].iov_base, local[i].iov_len);
-			to += local[i].iov_len;
-		}
+		gather(static_cast<char *>(w->map.at(addr)), local, count);
 		return 0;
 	}
 	int read(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
@@ -278,11 +265,7 @@ public:
 		std::shared_ptr<PeerFiles::Window> w;
 		if (int err = window(peer, mr, w))
 			return err;
-		const char *from = static_cast<const char *>(w->map.at(addr));
-		for (int i = 0; i < count; i++) {
-			std::memcpy(local[i].iov_base, from, local[i].iov_len);
-			from += local[i].iov_len;
-		}
+		scatter(local, count, static_cast<const char *>(w->map.at(addr)));
 		return 0;
 	}
 	int atomic(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, AtomicOp op,

@@ -20,6 +20,7 @@
 
 #include "ah.h"
 #include "broker_socket.h"
+#include "copy.h"
 #include "cq_produce.h"
 #include "datapath.h"
 #include "datapath_internal.h"
@@ -543,11 +544,7 @@ bool takes_messages(uint32_t st)
 	const char *data = count ? static_cast<const char *>(local[0].iov_base) : nullptr;
 	if (count > 1) {
 		gathered_.resize(length);
-		size_t at = 0;
-		for (const struct iovec &v : std::span(local, size_t(count))) {
-			std::memcpy(gathered_.data() + at, v.iov_base, v.iov_len);
-			at += v.iov_len;
-		}
+		gather(gathered_.data(), local, count);
 		data = gathered_.data();
 	}
 
