@@ -922,6 +922,27 @@ int destroy_cq(Cq &cq)
 	return 0;
 }
 
+namespace {
+
+/* A receive completion's RQ head (CqEntry::rq_head) to the watcher of its
+ * QP, if the CQ has one (under cq.lock: one writer at a time). Release:
+ * post_recv() reuses the slots below it, which the sender copied before
+ * moving head (acquire above, in consume()). */
+void pass_rq_head(Cq &cq, uint32_t qp_num, uint64_t head)
+{
+	for (const std::shared_ptr<RqHeadSeen> &w : cq.rq_heads) {
+		if (!w)
+			return;
+		if (w->qp_num == qp_num) {
+			if (head > w->head.load(std::memory_order_relaxed))
+				w->head.store(head, std::memory_order_release);
+			return;
+		}
+	}
+}
+
+} // namespace
+
 int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 {
 	if (num_entries <= 0)
@@ -937,7 +958,29 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	if (cq.ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
 		report_overrun(cq);
 	return consume(*cq.ring, cq.capacity, num_entries, events_of(cq), false,
-		       [&](const shm::CqEntry &e, int i) { read_wc(e, wc[i]); });
+		       [&](const shm::CqEntry &e, int i) {
+			       read_wc(e, wc[i]);
+			       if (e.rq_head && cq.rq_heads[0]) /* never set with timestamps */
+				       pass_rq_head(cq, e.qp_num, e.rq_head);
+		       });
+}
+
+std::shared_ptr<RqHeadSeen> cq_watch_rq(Cq &cq, uint32_t qp_num)
+{
+	if (!cq.ring || cq.ring->timestamps) /* no ring: no completions to tell it */
+		return nullptr;
+	std::lock_guard guard(cq.lock);
+	/* A slot whose QP is gone (only the CQ holds it) is free again; the
+	 * watched stay first, so that the poller's look stops at the first
+	 * empty slot. */
+	auto free = std::find_if(cq.rq_heads.begin(), cq.rq_heads.end(), [](const auto &w) {
+		return !w || w.use_count() == 1;
+	});
+	if (free == cq.rq_heads.end())
+		return nullptr;
+	cq_clean(cq, qp_num); /* an earlier QP's of this number (recursive lock) */
+	*free = std::make_shared<RqHeadSeen>(qp_num);
+	return *free;
 }
 
 int cq_clean(Cq &cq, uint32_t qp_num)

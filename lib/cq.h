@@ -10,7 +10,9 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -88,6 +90,17 @@ struct PlainCompletion {
 	bool solicited;
 	uint16_t slid = 0; /* UD */
 	uint8_t sl = 0;
+	uint64_t rq_head = 0; /* CqEntry::rq_head */
+};
+
+/* How far the RQ of QP `qp_num` was consumed, as the receive completions
+ * polled from its CQ tell (CqEntry::rq_head): a lower bound of the RQ's
+ * head that the QP's post_recv() reads from private memory (lib/datapath.cpp).
+ * Shared by the CQ and the QP's engine: either may go first. */
+struct RqHeadSeen {
+	explicit RqHeadSeen(uint32_t qpn) : qp_num(qpn) {}
+	const uint32_t qp_num;
+	std::atomic<uint64_t> head{0}; /* written by the poller, under the CQ lock */
 };
 
 enum class CqArm : uint8_t { None, Solicited, Next };
@@ -208,6 +221,12 @@ struct Cq {
 	/* Set by destroy (under channel->lock): no further events are queued. */
 	bool detached = false;
 
+	/* The QPs whose receive completions this CQ takes and whose RQ
+	 * heads its ibv_poll_cq() passes on (cq_watch_rq()); a few, under
+	 * `lock`. Not in CQs that report timestamps (the entry's last word
+	 * is the time there). */
+	std::array<std::shared_ptr<RqHeadSeen>, 4> rq_heads;
+
 	/* ibv_modify_cq() moderation, recorded (see modify_cq()). */
 	uint16_t moderation_count = 0;
 	uint16_t moderation_period = 0;
@@ -244,6 +263,11 @@ int req_notify_cq(Cq &cq, int solicited_only);
  * libmlx5's mlx5_cq_clean(); the others keep their order. Returns how many
  * were dropped. */
 int cq_clean(Cq &cq, uint32_t qp_num);
+/* Makes ibv_poll_cq() of `cq` pass on how far QP `qp_num`'s own RQ was
+ * consumed (RqHeadSeen); nullptr where it will not (the CQ reports
+ * timestamps, or watches as many QPs as it can). Completions of an earlier
+ * QP of that number are dropped first: their heads are another RQ's. */
+std::shared_ptr<RqHeadSeen> cq_watch_rq(Cq &cq, uint32_t qp_num);
 int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
 
 /*

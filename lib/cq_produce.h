@@ -54,8 +54,9 @@ int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 void report_overrun_locked(Cq &cq);
 
 /* What fill_entry() (lib/cq.cpp) writes for the Completion a
- * PlainCompletion stands for, without building it (the timestamp:
- * produce()). */
+ * PlainCompletion stands for, without building it; its last word is the
+ * RQ head (0 where none is given), which produce() overwrites with the
+ * time in a ring that reports timestamps. */
 inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
 {
 	e.wr_id = c.wr_id;
@@ -73,10 +74,11 @@ inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
 	e.dlid_path_bits = 0;
 	e.solicited = c.solicited;
 	e.raised_event = 0;
+	e.rq_head = c.rq_head;
 }
 
 /* The producer's protocol; `fill(entry)` writes every field of a claimed
- * entry but its state and timestamp. `solicited`: the completion counts as
+ * entry but its state (and its timestamp where fill() did not stamp it). `solicited`: the completion counts as
  * solicited; `stamped`: fill() wrote the timestamp (the test hook). */
 template <typename Fill>
 [[gnu::always_inline]] inline int produce(shm::CqRing &ring, uint32_t capacity, bool solicited,

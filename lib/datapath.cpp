@@ -353,6 +353,8 @@ QpEngine::QpEngine(Qp &qp)
 			rq_->stride = rq_stride_;
 			rq_->magic = shm::rq_magic;
 			desc_->rq_off = rq_off_;
+			if (recv_cq_)
+				rq_polled_ = cq_watch_rq(*recv_cq_, qpn_);
 		}
 	}
 	desc_->magic = shm::qp_magic;
@@ -532,8 +534,12 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 		for (; wr; wr = wr->next) {
 			uint64_t tail = rq_->tail.load(std::memory_order_relaxed);
 			/* Senders move head (another cache line, often another
-			 * process): read it only when the copy we have says
-			 * the ring is full. */
+			 * process, just written by the SEND we are answering):
+			 * read it only when neither the copy we have nor what
+			 * the receive CQ's poller saw says there is room. */
+			if (tail - rq_head_seen_ >= qp_.core->caps.created.max_recv_wr && rq_polled_)
+				rq_head_seen_ = std::max(rq_head_seen_,
+							 rq_polled_->head.load(std::memory_order_acquire));
 			if (tail - rq_head_seen_ >= qp_.core->caps.created.max_recv_wr)
 				rq_head_seen_ = rq_->head.load(std::memory_order_acquire);
 			if (tail - rq_head_seen_ >= qp_.core->caps.created.max_recv_wr) {
@@ -1702,7 +1708,10 @@ bool QpEngine::send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment
 				 t.qpn,
 				 qpn_,
 				 imm ? uint32_t(IBV_WC_WITH_IMM) : 0,
-				 bool(wr.send_flags & IBV_SEND_SOLICITED)};
+				 bool(wr.send_flags & IBV_SEND_SOLICITED),
+				 0,
+				 0,
+				 head + 1};
 	if (recv_cq_seen_.ring != target_.cq)
 		recv_cq_seen_ = {target_.cq, 0};
 	cq_ring_produce(*target_.cq, target_.cq_cap, rc,

@@ -614,7 +614,10 @@ private:
 	std::atomic<int> state_{IBV_QPS_RESET};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	SpinLock rq_lock_;          /* posting to our RQ */
-	uint64_t rq_head_seen_ = 0; /* rq_->head as last read, under rq_lock_ */
+	uint64_t rq_head_seen_ = 0; /* rq_->head as last known, under rq_lock_ */
+	/* How far the RQ was consumed, as the receive CQ's poller saw it
+	 * (nullptr: that CQ does not tell). */
+	std::shared_ptr<RqHeadSeen> rq_polled_;
 };
 
 /* Installs the engine on a freshly created QP (from create_qp). */

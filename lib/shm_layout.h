@@ -216,10 +216,18 @@ struct CqEntry {
 	/* 1: this entry raised the CQ's completion event (its producer
 	 * disarmed the CQ before publishing it; see CqRing). */
 	uint8_t raised_event;
-	/* CLOCK_MONOTONIC ns; meaningful only in rings whose CQ reports
-	 * completion timestamps (CqRing::timestamps), the only ones whose
-	 * producers are bound to write it. */
-	uint64_t timestamp_ns;
+	union {
+		/* CLOCK_MONOTONIC ns; meaningful only in rings whose CQ
+		 * reports completion timestamps (CqRing::timestamps), the
+		 * only ones whose producers are bound to write it. */
+		uint64_t timestamp_ns;
+		/* Elsewhere, in a receive completion from the QP's own RQ:
+		 * that RQ's head just after this WQE was taken (its index +
+		 * 1), which the owner's post_recv() then needs not read from
+		 * the RQ's line, the one the sender just wrote (Cq::rq_heads).
+		 * 0: not given. */
+		uint64_t rq_head;
+	};
 };
 /* One cache line per completion: a producer and the consumer exchange
  * exactly one line per entry (slots start 64-byte aligned). */

@@ -146,6 +146,49 @@ TEST_CASE("fast path: a sender's copy of the consumer index never hides room or 
 	CHECK(cq_err(2000));
 }
 
+/* A QP's post_recv() learns how far its RQ was consumed from the receive
+ * completions polled (lib/cq.h cq_watch_rq()) before it reads the RQ's
+ * head: what it learns must never make room that is not there. */
+TEST_CASE("fast path: a full RQ takes back exactly the receives polled, lap after lap",
+	  "[fastpath][rq]")
+{
+	Pair p;
+	p.connect();
+	struct ibv_qp_attr qa{};
+	struct ibv_qp_init_attr ia{};
+	REQUIRE(ibv_query_qp(p.b.qp, &qa, IBV_QP_CAP, &ia) == 0);
+	const int depth = int(ia.cap.max_recv_wr);
+	REQUIRE(depth >= 4);
+	uint64_t next_id = 0;
+	/* Receives posted until the RQ refuses one (ENOMEM, nothing else). */
+	auto fill = [&] {
+		int n = 0, err;
+		while ((err = Pair::post_recv(p.b, next_id, 0, 64)) == 0) {
+			next_id++;
+			REQUIRE(++n <= depth);
+		}
+		CHECK(err == ENOMEM);
+		return n;
+	};
+	REQUIRE(fill() == depth);
+	uint64_t expect_id = 0;
+	for (int round = 0; round < 3 * depth; round++) {
+		const int k = 1 + round % 3;
+		for (int i = 0; i < k; i++)
+			REQUIRE(Pair::post8(p.a, IBV_WR_SEND, uint64_t(i)) == 0);
+		struct ibv_wc wc;
+		for (int i = 0; i < k; i++) {
+			REQUIRE(Pair::wait_wc(p.b, wc));
+			CHECK(wc.status == IBV_WC_SUCCESS);
+			CHECK(wc.opcode == IBV_WC_RECV);
+			CHECK(wc.wr_id == expect_id++);
+			REQUIRE(Pair::wait_wc(p.a, wc));
+			CHECK(wc.status == IBV_WC_SUCCESS);
+		}
+		CHECK(fill() == k);
+	}
+}
+
 /* The send engine keeps the lkeys it used held between posts (lib/datapath.h
  * LocalKeyCache). Deregistering such an MR must still return (the engine
  * lets go when the key is withdrawn), and the old lkey must be refused. */
