@@ -21,13 +21,6 @@ namespace shmverbs {
 
 static_assert(std::is_standard_layout_v<Context>, "ibv_context* is converted back with offsetof");
 
-Context *Context::from(struct ibv_context *ctx)
-{
-	auto *vctx = reinterpret_cast<struct verbs_context *>(
-		reinterpret_cast<char *>(ctx) - offsetof(struct verbs_context, context));
-	return reinterpret_cast<Context *>(reinterpret_cast<char *>(vctx) - offsetof(Context, vctx));
-}
-
 namespace {
 
 thread_local bool refused_inherited = false;

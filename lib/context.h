@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <deque>
 #include <mutex>
 #include <unordered_map>
@@ -51,7 +52,14 @@ struct Context {
 	std::unordered_map<const void *, AsyncEventCounter *> event_sources;
 
 	struct ibv_context *abi() { return &vctx.context; }
-	static Context *from(struct ibv_context *ctx);
+	/* Inline: ibv_wr_complete() asks it once per post (the fork check). */
+	static Context *from(struct ibv_context *ctx)
+	{
+		auto *vctx = reinterpret_cast<struct verbs_context *>(
+			reinterpret_cast<char *>(ctx) - offsetof(struct verbs_context, context));
+		return reinterpret_cast<Context *>(reinterpret_cast<char *>(vctx) -
+						   offsetof(Context, vctx));
+	}
 
 	/* Queues an event for ibv_get_async_event(). */
 	void post_async_event(const struct ibv_async_event &event);
