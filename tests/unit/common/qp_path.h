@@ -95,6 +95,28 @@ inline int qp_to_rts(struct ibv_qp *qp, enum ibv_qp_type type, uint32_t dest, ui
 	return qp_init_to_rts(qp, type, dest, dlid, p);
 }
 
+/* One receive WR of the one SGE `sge`: ibv_post_recv()'s errno. */
+inline int post_recv_sge(struct ibv_qp *qp, struct ibv_sge sge, uint64_t wr_id)
+{
+	struct ibv_recv_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+/* `wr` (its opcode, wr_id and remote or UD part) posted signaled with the
+ * one SGE `sge`: ibv_post_send()'s errno. */
+inline int post_send_sge(struct ibv_qp *qp, struct ibv_send_wr wr, struct ibv_sge sge)
+{
+	struct ibv_send_wr *bad = nullptr;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.next = nullptr;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
 /* Polls `cq` for one completion for up to `ms`: 1, a negative poll error,
  * or 0 when none came. */
 inline int poll_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 10000,

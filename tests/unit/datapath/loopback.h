@@ -113,26 +113,16 @@ struct Pair {
 
 	static int post_recv(Side &s, uint64_t wr_id, size_t off, uint32_t len)
 	{
-		struct ibv_sge sg = {s.addr(off), len, s.mr->lkey};
-		struct ibv_recv_wr wr{}, *bad = nullptr;
-		wr.wr_id = wr_id;
-		wr.sg_list = &sg;
-		wr.num_sge = 1;
-		return ibv_post_recv(s.qp, &wr, &bad);
+		return shmv_test::post_recv_sge(s.qp, {s.addr(off), len, s.mr->lkey}, wr_id);
 	}
 
 	/* `wr` (its remote part: wr.wr) posted as one signaled `op` of 8
 	 * bytes from s.at(0). */
 	static int post8(Side &s, enum ibv_wr_opcode op, uint64_t wr_id, struct ibv_send_wr wr = {})
 	{
-		struct ibv_sge sg = {s.addr(0), 8, s.mr->lkey};
-		struct ibv_send_wr *bad = nullptr;
 		wr.wr_id = wr_id;
 		wr.opcode = op;
-		wr.send_flags = IBV_SEND_SIGNALED;
-		wr.sg_list = &sg;
-		wr.num_sge = 1;
-		return ibv_post_send(s.qp, &wr, &bad);
+		return shmv_test::post_send_sge(s.qp, wr, {s.addr(0), 8, s.mr->lkey});
 	}
 
 	static bool wait_wc(Side &s, struct ibv_wc &wc, int ms = 10000)

@@ -525,11 +525,8 @@ TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR
 	struct ibv_mr *other_mr = ibv_reg_mr(other, stranger.data(), 32, remote);
 	REQUIRE((mr && other_mr));
 	auto post = [&](enum ibv_wr_opcode op, struct ibv_sge s, struct ibv_mr *to, uint64_t add) {
-		struct ibv_send_wr wr{}, *bad = nullptr;
+		struct ibv_send_wr wr{};
 		wr.opcode = op;
-		wr.send_flags = IBV_SEND_SIGNALED;
-		wr.sg_list = &s;
-		wr.num_sge = 1;
 		wr.qp_type.xrc.remote_srqn = srqn;
 		if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
 			wr.wr.atomic.remote_addr = uint64_t(uintptr_t(to->addr)) + 8;
@@ -540,7 +537,7 @@ TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR
 			wr.wr.rdma.rkey = to->rkey;
 		}
 		struct ibv_wc wc{};
-		if (ibv_post_send(sqp, &wr, &bad) || poll_one(cq, wc) != 1)
+		if (shmv_test::post_send_sge(sqp, wr, s) || poll_one(cq, wc) != 1)
 			return IBV_WC_GENERAL_ERR;
 		return wc.status;
 	};

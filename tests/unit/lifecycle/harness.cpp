@@ -79,17 +79,13 @@ Dev::~Dev()
 int post_send(struct ibv_qp *qp, struct ibv_mr *mr, const PageBuf &b, uint64_t wr_id,
 	      struct ibv_ah *ah, uint32_t qpn)
 {
-	struct ibv_sge sge = {b.addr(2048), 16, mr->lkey};
-	struct ibv_send_wr wr{}, *bad = nullptr;
+	struct ibv_send_wr wr{};
 	wr.wr_id = wr_id;
 	wr.opcode = IBV_WR_SEND;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
 	wr.wr.ud.ah = ah;
 	wr.wr.ud.remote_qpn = qpn;
 	wr.wr.ud.remote_qkey = ud_qkey;
-	return ibv_post_send(qp, &wr, &bad);
+	return shmv_test::post_send_sge(qp, wr, {b.addr(2048), 16, mr->lkey});
 }
 
 UdEnd::UdEnd()

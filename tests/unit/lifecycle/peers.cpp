@@ -77,15 +77,11 @@ int rc_streamer()
 			unsigned long long addr = 0;
 			if (std::sscanf(line, "write %u %llu", &rkey, &addr) != 2)
 				break;
-			struct ibv_sge sge = {buf.addr(), 8, mr->lkey};
-			struct ibv_send_wr wr{}, *bad = nullptr;
+			struct ibv_send_wr wr{};
 			wr.opcode = IBV_WR_RDMA_WRITE;
-			wr.send_flags = IBV_SEND_SIGNALED;
-			wr.sg_list = &sge;
-			wr.num_sge = 1;
 			wr.wr.rdma.remote_addr = addr;
 			wr.wr.rdma.rkey = rkey;
-			NEED(ibv_post_send(d.qp, &wr, &bad) == 0);
+			NEED(shmv_test::post_send_sge(d.qp, wr, {buf.addr(), 8, mr->lkey}) == 0);
 			NEED(wait_one(d.cq, wc));
 			std::printf("wrote %d\n", int(wc.status));
 			continue;

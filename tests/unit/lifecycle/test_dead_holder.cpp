@@ -117,12 +117,7 @@ TEST_CASE("dereg_mr returns while the peer that wrote to it keeps sending to us"
 	struct ibv_mr *rmr = ibv_reg_mr(me.pd, rbuf.p, rbuf.n, IBV_ACCESS_LOCAL_WRITE);
 	REQUIRE((wmr && rmr));
 	auto post_recv = [&](uint64_t id) {
-		struct ibv_sge sge = {rbuf.addr(64 * (id % 64)), 64, rmr->lkey};
-		struct ibv_recv_wr wr{}, *bad = nullptr;
-		wr.wr_id = id;
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		return ibv_post_recv(qp, &wr, &bad);
+		return shmv_test::post_recv_sge(qp, {rbuf.addr(64 * (id % 64)), 64, rmr->lkey}, id);
 	};
 	int refused = 0;
 	for (uint64_t i = 0; i < 1024; i++)

@@ -25,12 +25,7 @@ using shmv_test::wait_wc;
 
 int post_recv(struct ibv_qp *qp, struct ibv_mr *mr, const PageBuf &b, uint64_t wr_id)
 {
-	struct ibv_sge sge = {b.addr(), 1024, mr->lkey};
-	struct ibv_recv_wr wr{}, *bad = nullptr;
-	wr.wr_id = wr_id;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	return ibv_post_recv(qp, &wr, &bad);
+	return shmv_test::post_recv_sge(qp, {b.addr(), 1024, mr->lkey}, wr_id);
 }
 
 int child_failures = 0;
