@@ -85,6 +85,17 @@ def main():
         def runs_counted(path):
             """How many runs the fake counted in `path` (one byte each)."""
             return len(open(path).read()) if os.path.exists(path) else 0
+
+        def run_counted(name, env, want, counter, what, runs):
+            """run_pair(env): exit `want`, and `runs` runs of the `what`
+            (the client, the pair) counted in `counter`."""
+            r = run_pair(env)
+            check.check(f"{name}: exit {want}", r.returncode == want,
+                        f"exit {r.returncode}\n{r.stdout}{r.stderr}")
+            got = runs_counted(counter)
+            check.check(f"{name}: the {what} ran {runs} time(s)", got == runs,
+                        f"{got} runs\n{r.stdout}")
+            return r
         for name, side, report, want in CASES:
             env = dict(os.environ)
             env.pop("FAKE_REPORT_SIDE", None)
@@ -111,12 +122,7 @@ def main():
             env = dict(os.environ, FAKE_CLIENT_RUNS=runs)
             if fail:
                 env["FAKE_CLIENT_FAIL"] = fail
-            r = run_pair(env)
-            check.check(f"{name}: exit {want}", r.returncode == want,
-                        f"exit {r.returncode}\n{r.stdout}{r.stderr}")
-            got = runs_counted(runs)
-            check.check(f"{name}: the client ran {attempts} time(s)", got == attempts,
-                        f"{got} runs\n{r.stdout}")
+            r = run_counted(name, env, want, runs, "client", attempts)
             if fail:
                 check.check(f"{name}: its output is shown", fail in r.stdout, r.stdout)
             else:
@@ -135,12 +141,7 @@ def main():
                        FAKE_CALIBRATION_FAILS=str(fails), **extra)
             if not extra:
                 env.pop("FAKE_REPORT_SIDE", None)
-            r = run_pair(env)
-            check.check(f"{name}: exit {want}", r.returncode == want,
-                        f"exit {r.returncode}\n{r.stdout}{r.stderr}")
-            got = runs_counted(calib)
-            check.check(f"{name}: the pair ran {pair_runs} time(s)", got == pair_runs,
-                        f"{got} runs\n{r.stdout}")
+            r = run_counted(name, env, want, calib, "pair", pair_runs)
             if pair_runs > 1:
                 check.check(f"{name}: every run's output is shown",
                             r.stdout.count("Can't produce a report") >= 2 * min(fails, pair_runs),
