@@ -32,10 +32,11 @@
 namespace shmverbs {
 
 /*
- * What the data path (send/receive queues in shared memory, a later issue)
+ * What the data path (the send and receive queues, lib/datapath.h QpEngine)
  * does when the control path moves a QP. Each call is made with the QP's lock
- * held, after the new state is recorded. A QP without a data path (today:
- * all of them) simply has none installed.
+ * held, after the new state is recorded. Every QP gets one at creation
+ * (attach_data_path, lib/datapath.cpp); set_qp_data_path() replaces it (the
+ * engine tests record the calls).
  */
 class QpDataPath {
 public:
