@@ -148,12 +148,28 @@ TEST_CASE("fast path: a sender's copy of the consumer index never hides room or 
 
 /* A QP's post_recv() learns how far its RQ was consumed from the receive
  * completions polled (lib/cq.h cq_watch_rq()) before it reads the RQ's
- * head: what it learns must never make room that is not there. */
+ * head: what it learns must never make room that is not there. An RC SEND
+ * of the direct path tells the head; a UD one does not (post_recv reads
+ * it): both refill exactly. */
 TEST_CASE("fast path: a full RQ takes back exactly the receives polled, lap after lap",
 	  "[fastpath][rq]")
 {
-	Pair p;
+	Options o;
+	o.type = GENERATE(IBV_QPT_RC, IBV_QPT_UD);
+	CAPTURE(o.type);
+	Pair p(o);
 	p.connect();
+	struct ibv_ah *ah = nullptr;
+	struct ibv_send_wr send{};
+	if (o.type == IBV_QPT_UD) {
+		struct ibv_ah_attr aa{};
+		aa.dlid = p.lid;
+		aa.port_num = 1;
+		REQUIRE((ah = ibv_create_ah(p.pd, &aa)));
+		send.wr.ud.ah = ah;
+		send.wr.ud.remote_qpn = p.b.qp->qp_num;
+		send.wr.ud.remote_qkey = 0x1234;
+	}
 	struct ibv_qp_attr qa{};
 	struct ibv_qp_init_attr ia{};
 	REQUIRE(ibv_query_qp(p.b.qp, &qa, IBV_QP_CAP, &ia) == 0);
@@ -175,7 +191,7 @@ TEST_CASE("fast path: a full RQ takes back exactly the receives polled, lap afte
 	for (int round = 0; round < 3 * depth; round++) {
 		const int k = 1 + round % 3;
 		for (int i = 0; i < k; i++)
-			REQUIRE(Pair::post8(p.a, IBV_WR_SEND, uint64_t(i)) == 0);
+			REQUIRE(Pair::post8(p.a, IBV_WR_SEND, uint64_t(i), send) == 0);
 		struct ibv_wc wc;
 		for (int i = 0; i < k; i++) {
 			REQUIRE(Pair::wait_wc(p.b, wc));
@@ -187,6 +203,8 @@ TEST_CASE("fast path: a full RQ takes back exactly the receives polled, lap afte
 		}
 		CHECK(fill() == k);
 	}
+	if (ah)
+		ibv_destroy_ah(ah);
 }
 
 /* The send engine keeps the lkeys it used held between posts (lib/datapath.h
