@@ -1156,9 +1156,18 @@ void report_overrun_locked(Cq &cq)
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
 		    bool *overrun_now, uint64_t *cons_seen)
 {
+	/* A Completion gives no RQ head (CqEntry::rq_head; only the direct
+	 * SEND's PlainCompletion does): where that word is not the time it
+	 * reads 0, whatever timestamp the Completion carries (the injection
+	 * hook stamps every one). */
 	return cq_detail::produce(
 		ring, capacity, counts_as_solicited(c), c.timestamp_ns != 0,
-		[&](shm::CqEntry &e) { fill_entry(e, c); }, channel_fd, overrun_now, cons_seen);
+		[&](shm::CqEntry &e) {
+			fill_entry(e, c);
+			if (!ring.timestamps)
+				e.rq_head = 0;
+		},
+		channel_fd, overrun_now, cons_seen);
 }
 
 int deliver_completion(Cq &cq, const Completion &c)

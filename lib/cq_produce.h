@@ -78,8 +78,8 @@ inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
 }
 
 /* The producer's protocol; `fill(entry)` writes every field of a claimed
- * entry but its state (and its timestamp where fill() did not stamp it). `solicited`: the completion counts as
- * solicited; `stamped`: fill() wrote the timestamp (the test hook). */
+ * entry but its state (and the timestamp, unless `stamped`: fill() wrote
+ * it, the test hook). `solicited`: the completion counts as solicited. */
 template <typename Fill>
 [[gnu::always_inline]] inline int produce(shm::CqRing &ring, uint32_t capacity, bool solicited,
 					  bool stamped, Fill &&fill, int channel_fd,

@@ -121,6 +121,24 @@ TEST_CASE("RQ head: a CQ watches a few QPs, and takes a slot again once its QP i
 	CHECK(ws[3]->head.load() == 8);
 }
 
+TEST_CASE("RQ head: a completion of the general path gives none, whatever its timestamp",
+	  "[rqhead]")
+{
+	Cqs cqs;
+	Cq &cq = cqs.cq();
+	std::shared_ptr<RqHeadSeen> w = cq_watch_rq(cq, 77);
+	REQUIRE(w);
+	/* As shmverbs_inject_completion() delivers one: stamped. */
+	Completion c{};
+	c.wc.wr_id = 1;
+	c.wc.opcode = IBV_WC_RECV;
+	c.wc.qp_num = 77;
+	c.timestamp_ns = 123456789;
+	REQUIRE(deliver_completion(cq, c) == 0);
+	CHECK(poll_all(cq) == std::vector<uint64_t>{1});
+	CHECK(w->head.load() == 0);
+}
+
 TEST_CASE("RQ head: a CQ that reports timestamps watches no QP", "[rqhead]")
 {
 	Cqs cqs;
