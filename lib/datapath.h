@@ -134,7 +134,8 @@ public:
 	/* The current WR is done: its extra holds end. */
 	void end_wr()
 	{
-		extra_.clear();
+		if (!extra_.empty()) /* clear() is a call, even of nothing */
+			extra_.clear();
 		stamp_++;
 	}
 	/* Lets go of every hold on `slot`. */
@@ -411,6 +412,46 @@ private:
 	};
 	Direct try_direct(const struct ibv_send_wr &wr);
 	Direct try_direct(const SendWr &w);
+	/* The most common direct WRs on paths of their own: an RDMA WRITE
+	 * (direct_write) or a SEND / SEND_WITH_IMM into the target's own RQ
+	 * (direct_send) of one piece (inline or by lkey), to the target (and
+	 * for a WRITE the remote key, reached directly) held from the WRs
+	 * before. false: nothing happened; try_direct() decides. One test
+	 * of the opcode (already found valid) for the WRs they never take. */
+	bool direct_one(const struct ibv_send_wr &wr)
+	{
+		if (!((lane_ops_ >> wr.opcode) & 1) || wr.num_sge != 1)
+			return false;
+		const bool inlined = wr.send_flags & IBV_SEND_INLINE;
+		if (wr.opcode == IBV_WR_RDMA_WRITE)
+			return direct_write(wr.wr_id, wr.send_flags, wr.sg_list[0], inlined,
+					    wr.wr.rdma.rkey, wr.wr.rdma.remote_addr);
+		return direct_send(wr.wr_id, wr.send_flags, wr.opcode, wr.imm_data, wr.sg_list[0],
+				   inlined);
+	}
+	bool direct_one(const SendWr &w)
+	{
+		if (!((lane_ops_ >> w.opcode) & 1))
+			return false;
+		/* The builders copied inline data (and checked its size). */
+		const bool inlined = !w.inline_data.empty();
+		if (!inlined && w.sge.size() != 1)
+			return false;
+		const struct ibv_sge data = {uint64_t(uintptr_t(w.inline_data.data())),
+					     uint32_t(w.inline_data.size()), 0};
+		const struct ibv_sge &s = inlined ? data : *w.sge.data();
+		if (w.opcode == IBV_WR_RDMA_WRITE)
+			return direct_write(w.wr_id, w.send_flags, s, inlined, w.rkey, w.remote_addr);
+		return direct_send(w.wr_id, w.send_flags, w.opcode, w.imm_data, s, inlined);
+	}
+	bool direct_write(uint64_t wr_id, unsigned int send_flags, const struct ibv_sge &s,
+			  bool inlined, uint32_t rkey, uint64_t remote);
+	bool direct_send(uint64_t wr_id, unsigned int send_flags, enum ibv_wr_opcode opcode,
+			 uint32_t imm_data, const struct ibv_sge &s, bool inlined);
+	/* Their shared checks: the held target still ready (run_direct()'s),
+	 * and the local piece (direct_local()'s). */
+	bool held_target_ready(shm::QpDesc &t);
+	bool one_piece(const struct ibv_sge &s, bool inlined, const void *&from);
 	Direct run_direct(const DirectWr &wr);
 	/* The UD send of the direct path: execute_ud() without the SendWr
 	 * (`sge`, `inlined` as in DirectWr). */
@@ -424,8 +465,9 @@ private:
 			  uint64_t &length);
 	/* run_direct()'s SEND into the target's own RQ; false: nothing
 	 * happened, the general path decides. */
-	bool send_direct(const DirectWr &wr, shm::QpDesc &t, const PeerSegment &peer,
-			 std::span<const struct iovec> local, uint64_t length);
+	bool send_direct(enum ibv_wr_opcode opcode, unsigned int send_flags, uint32_t imm_data,
+			 shm::QpDesc &t, const PeerSegment &peer, std::span<const struct iovec> local,
+			 uint64_t length);
 	struct UdTarget;
 	struct UdMessage;
 	/* The unicast UD target `qpn` of `device` (ud_target_), revalidated
@@ -470,6 +512,7 @@ private:
 	 * path runs (RC and UC only): one test per WR instead of a switch. */
 	uint32_t allowed_ops_;
 	uint32_t direct_ops_;
+	uint32_t lane_ops_; /* those of them direct_one() takes */
 	uint32_t pdn_;
 	Cq *send_cq_;
 	Cq *recv_cq_;

@@ -300,7 +300,14 @@ TEST_CASE("fast path: SENDs follow a QP reconnected to another target", "[fastpa
 TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path",
 	  "[fastpath][send]")
 {
-	Pair p;
+	/* Through ibv_post_send and the ibv_wr_* builders (`ex`): the
+	 * SENDs of one piece after the first take a shorter way of their
+	 * own (lib/datapath.cpp direct_send) from either. */
+	const bool ex = GENERATE(false, true);
+	CAPTURE(ex);
+	Options o;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE;
+	Pair p(o);
 	p.connect(0); /* rnr_retry 0: no receive is an error at once */
 	Side &a = p.a, &b = p.b;
 	struct ibv_wc wc{};
@@ -313,6 +320,24 @@ TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path"
 	auto send = [&](enum ibv_wr_opcode op, uint64_t wr_id, std::initializer_list<ibv_sge> sges,
 			unsigned flags = 0) {
 		std::vector<struct ibv_sge> sg(sges);
+		if (ex) {
+			ibv_wr_start(a.qpx);
+			a.qpx->wr_id = wr_id;
+			a.qpx->wr_flags = IBV_SEND_SIGNALED | flags;
+			if (op == IBV_WR_SEND_WITH_IMM)
+				ibv_wr_send_imm(a.qpx, htonl(0xfeed));
+			else
+				ibv_wr_send(a.qpx);
+			if (flags & IBV_SEND_INLINE) {
+				std::vector<struct ibv_data_buf> bufs;
+				for (const struct ibv_sge &g : sg)
+					bufs.push_back({reinterpret_cast<void *>(g.addr), g.length});
+				ibv_wr_set_inline_data_list(a.qpx, bufs.size(), bufs.data());
+			} else {
+				ibv_wr_set_sge_list(a.qpx, sg.size(), sg.data());
+			}
+			return ibv_wr_complete(a.qpx);
+		}
 		struct ibv_send_wr wr{}, *bad = nullptr;
 		wr.wr_id = wr_id;
 		wr.opcode = op;
@@ -387,6 +412,14 @@ TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path"
 	{
 		refused({b.addr(256), 64, rk ^ 0x100}, 8, IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR);
 	}
+	SECTION("a local piece past the end of its MR: local protection error, nothing sent")
+	{
+		REQUIRE(recv(2, {{b.addr(256), 64, rk}}) == 0);
+		REQUIRE(send(IBV_WR_SEND, 101, {{a.addr(buf_size - 4), 8, lk}}) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK((wc.wr_id == 101 && wc.status == IBV_WC_LOC_PROT_ERR));
+		CHECK(Pair::quiet(b));
+	}
 	SECTION("inline data over the QP's limit: EINVAL at that WR, nothing done")
 	{
 		struct ibv_qp_attr qa{};
@@ -410,10 +443,16 @@ TEST_CASE("fast path: SENDs to a resolved target, in and out of the direct path"
 			CHECK(bad == (err ? &wr : nullptr));
 			return err;
 		};
-		/* One piece, then two, one byte over. */
+		/* A SEND, then a WRITE of one piece, then two, one byte over. */
+		if (!ex) {
+			REQUIRE(recv(2, {{b.addr(256), 2048, rk}}) == 0);
+			CHECK(send(IBV_WR_SEND, 102, {{a.addr(4096), limit + 1, lk}}, IBV_SEND_INLINE) ==
+			      EINVAL);
+		}
 		CHECK(write(103, {{a.addr(4096), limit + 1, lk}}) == EINVAL);
 		CHECK(write(104, {{a.addr(4096), 1, lk}, {a.addr(4097), limit, lk}}) == EINVAL);
 		CHECK(Pair::quiet(a));
+		CHECK(Pair::quiet(b));
 		CHECK(b.at(4096)[0] == '.');
 		/* At the limit it goes. */
 		REQUIRE(write(105, {{a.addr(4096), limit, lk}}) == 0);
@@ -531,4 +570,261 @@ TEST_CASE("fast path: a receive SGE of the null MR takes its bytes and drops the
 	CHECK(p.b.at(260)[0] == 'B');
 	CHECK(std::string(p.b.at(1024), 8) == std::string(8, 'B'));
 	CHECK(ibv_dereg_mr(null_mr) == 0);
+}
+
+namespace {
+
+/* One RDMA WRITE of `s` to `raddr` under `rkey`, through ibv_post_send or
+ * the ibv_wr_* builders (`ex`). */
+int post_write(Side &s, bool ex, uint64_t wr_id, struct ibv_sge sge, uint32_t rkey, uint64_t raddr,
+	       unsigned flags = IBV_SEND_SIGNALED)
+{
+	if (!ex) {
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.send_flags = flags;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.wr.rdma.remote_addr = raddr;
+		wr.wr.rdma.rkey = rkey;
+		return ibv_post_send(s.qp, &wr, &bad);
+	}
+	ibv_wr_start(s.qpx);
+	s.qpx->wr_id = wr_id;
+	s.qpx->wr_flags = flags;
+	ibv_wr_rdma_write(s.qpx, rkey, raddr);
+	if (flags & IBV_SEND_INLINE)
+		ibv_wr_set_inline_data(s.qpx, reinterpret_cast<void *>(sge.addr), sge.length);
+	else
+		ibv_wr_set_sge(s.qpx, sge.lkey, sge.addr, sge.length);
+	return ibv_wr_complete(s.qpx);
+}
+
+} // namespace
+
+/*
+ * After a WRITE of one piece went the direct way, the next ones to the same
+ * target and remote key take a shorter path (lib/datapath.cpp
+ * direct_write). Each check of the longer one must still hold there: every
+ * section first streams good WRITEs, then changes one thing.
+ */
+TEST_CASE("fast path: WRITEs after a stream of them keep every check", "[fastpath][write]")
+{
+	const bool ex = GENERATE(false, true);
+	const bool inl = GENERATE(false, true);
+	CAPTURE(ex, inl);
+	Options o;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	Pair p(o);
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	const uint32_t lk = a.mr->lkey, rk = b.mr->rkey;
+	const unsigned sig = IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0);
+	for (size_t i = 0; i < buf_size; i++)
+		a.at(0)[i] = char('a' + i % 26);
+	std::memset(b.at(0), '.', buf_size);
+	struct ibv_wc wc{};
+	auto done = [&](uint64_t wr_id) {
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.wr_id == wr_id);
+		CHECK(wc.opcode == IBV_WC_RDMA_WRITE);
+		return wc.status;
+	};
+	/* The stream: pieces of several lengths to several places. */
+	const uint32_t lens[] = {8, 1, 17, 64, 0, 40};
+	uint64_t id = 1;
+	for (uint32_t len : lens) {
+		const size_t at = 100 * size_t(id);
+		REQUIRE(post_write(a, ex, id, {a.addr(at), len, lk}, rk, b.addr(at + 1), sig) == 0);
+		REQUIRE(done(id) == IBV_WC_SUCCESS);
+		CHECK(wc.byte_len == len);
+		CHECK(std::memcmp(b.at(at + 1), a.at(at), len) == 0);
+		CHECK(b.at(at + 1 + len)[0] == '.');
+		CHECK(b.at(at)[0] == '.');
+		id++;
+	}
+	/* What a refused WRITE must have left alone. */
+	auto untouched = [&](size_t at, size_t len) {
+		return std::string(b.at(at), len) == std::string(len, '.');
+	};
+
+	SECTION("unsignaled ones complete nothing, their data lands")
+	{
+		for (int i = 0; i < 4; i++)
+			REQUIRE(post_write(a, ex, 50 + i, {a.addr(2000 + 8 * size_t(i)), 8, lk}, rk,
+					   b.addr(2000 + 8 * size_t(i)), inl ? IBV_SEND_INLINE : 0) == 0);
+		REQUIRE(post_write(a, ex, 60, {a.addr(2032), 8, lk}, rk, b.addr(2032), sig) == 0);
+		REQUIRE(done(60) == IBV_WC_SUCCESS);
+		CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+		CHECK(std::memcmp(b.at(2000), a.at(2000), 40) == 0);
+	}
+	SECTION("past the end of the remote MR: remote access error")
+	{
+		REQUIRE(post_write(a, ex, 70, {a.addr(0), 8, lk}, rk, b.addr(buf_size - 4), sig) == 0);
+		CHECK(done(70) == IBV_WC_REM_ACCESS_ERR);
+		CHECK(untouched(buf_size - 4, 4));
+	}
+	SECTION("another remote key, of an MR without remote write: remote access error")
+	{
+		struct ibv_mr *ro = ibv_reg_mr(p.pd, b.at(4096), 1024, IBV_ACCESS_REMOTE_READ);
+		REQUIRE(ro);
+		REQUIRE(post_write(a, ex, 71, {a.addr(0), 8, lk}, ro->rkey, b.addr(4096), sig) == 0);
+		CHECK(done(71) == IBV_WC_REM_ACCESS_ERR);
+		CHECK(untouched(4096, 8));
+		CHECK(ibv_dereg_mr(ro) == 0);
+	}
+	SECTION("the target QP took remote write back: remote access error")
+	{
+		struct ibv_qp_attr qa{};
+		qa.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+		REQUIRE(ibv_modify_qp(b.qp, &qa, IBV_QP_ACCESS_FLAGS) == 0);
+		REQUIRE(post_write(a, ex, 72, {a.addr(0), 8, lk}, rk, b.addr(3000), sig) == 0);
+		CHECK(done(72) == IBV_WC_REM_ACCESS_ERR);
+		CHECK(untouched(3000, 8));
+	}
+	SECTION("the target QP in ERR: no response, retries exhausted")
+	{
+		struct ibv_qp_attr qa{};
+		qa.qp_state = IBV_QPS_ERR;
+		REQUIRE(ibv_modify_qp(b.qp, &qa, IBV_QP_STATE) == 0);
+		REQUIRE(post_write(a, ex, 73, {a.addr(0), 8, lk}, rk, b.addr(3000), sig) == 0);
+		CHECK(done(73) == IBV_WC_RETRY_EXC_ERR);
+		CHECK(untouched(3000, 8));
+	}
+	if (inl)
+		return; /* inline data has no local key */
+	SECTION("a local piece past the end of its MR: local protection error")
+	{
+		REQUIRE(post_write(a, ex, 74, {a.addr(buf_size - 4), 8, lk}, rk, b.addr(3000), sig) == 0);
+		CHECK(done(74) == IBV_WC_LOC_PROT_ERR);
+		CHECK(untouched(3000, 8));
+	}
+	SECTION("a local key of another PD: local protection error")
+	{
+		struct ibv_pd *pd2 = ibv_alloc_pd(p.ctx);
+		REQUIRE(pd2);
+		struct ibv_mr *other = ibv_reg_mr(pd2, a.at(0), 1024, IBV_ACCESS_LOCAL_WRITE);
+		REQUIRE(other);
+		REQUIRE(post_write(a, ex, 75, {a.addr(0), 8, other->lkey}, rk, b.addr(3000), sig) == 0);
+		CHECK(done(75) == IBV_WC_LOC_PROT_ERR);
+		CHECK(untouched(3000, 8));
+		CHECK(ibv_dereg_mr(other) == 0);
+		CHECK(ibv_dealloc_pd(pd2) == 0);
+	}
+	SECTION("a local piece of the null MR: zeros")
+	{
+		struct ibv_mr *null_mr = ibv_alloc_null_mr(p.pd);
+		REQUIRE(null_mr);
+		REQUIRE(post_write(a, ex, 76, {a.addr(0), 8, null_mr->lkey}, rk, b.addr(3000), sig) == 0);
+		CHECK(done(76) == IBV_WC_SUCCESS);
+		CHECK(std::string(b.at(3000), 8) == std::string(8, '\0'));
+		CHECK(ibv_dereg_mr(null_mr) == 0);
+	}
+}
+
+/*
+ * UC: a WRITE the responder refuses is dropped and the QP goes on, so the
+ * refused key stays the one held and the WRITEs after it take the shorter
+ * path too: each must be dropped again, and a good one must land after.
+ */
+TEST_CASE("fast path: UC WRITEs the responder refuses are dropped, again and again",
+	  "[fastpath][write]")
+{
+	const bool ex = GENERATE(false, true);
+	CAPTURE(ex);
+	Options o;
+	o.type = IBV_QPT_UC;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	Pair p(o);
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	const uint32_t lk = a.mr->lkey, rk = b.mr->rkey;
+	std::memcpy(a.at(0), "uc-write", 8);
+	std::memset(b.at(0), '.', buf_size);
+	struct ibv_wc wc{};
+	auto write = [&](uint64_t wr_id, uint32_t rkey, uint64_t raddr) {
+		REQUIRE(post_write(a, ex, wr_id, {a.addr(0), 8, lk}, rkey, raddr) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.wr_id == wr_id);
+		CHECK(wc.status == IBV_WC_SUCCESS); /* UC: the requester never knows */
+	};
+	for (uint64_t id = 1; id <= 3; id++)
+		write(id, rk, b.addr(0));
+	REQUIRE(std::memcmp(b.at(0), "uc-write", 8) == 0);
+
+	struct ibv_pd *pd2 = nullptr;
+	struct ibv_mr *mr = nullptr;
+	uint32_t bad_key = rk;
+	size_t bad_at = 1000;
+	bool drops_all = false;
+	SECTION("an rkey of an MR in another PD")
+	{
+		pd2 = ibv_alloc_pd(p.ctx);
+		REQUIRE(pd2);
+		mr = ibv_reg_mr(pd2, b.at(0), buf_size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		REQUIRE(mr);
+		bad_key = mr->rkey;
+	}
+	SECTION("the null MR's key")
+	{
+		mr = ibv_alloc_null_mr(p.pd);
+		REQUIRE(mr);
+		bad_key = mr->lkey;
+	}
+	SECTION("past the end of the remote MR")
+	{
+		bad_at = buf_size - 4;
+	}
+	SECTION("a target QP without remote write")
+	{
+		struct ibv_qp_attr qa{};
+		qa.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+		REQUIRE(ibv_modify_qp(b.qp, &qa, IBV_QP_ACCESS_FLAGS) == 0);
+		drops_all = true;
+	}
+	for (uint64_t id = 10; id < 13; id++)
+		write(id, bad_key, b.addr(bad_at));
+	CHECK(std::string(b.at(bad_at), buf_size - bad_at) == std::string(buf_size - bad_at, '.'));
+	/* A good one after them lands, but at a target that took remote
+	 * write back (it drops every WRITE). */
+	write(20, rk, b.addr(2000));
+	CHECK((std::memcmp(b.at(2000), "uc-write", 8) == 0) == !drops_all);
+	if (mr)
+		CHECK(ibv_dereg_mr(mr) == 0);
+	if (pd2)
+		CHECK(ibv_dealloc_pd(pd2) == 0);
+}
+
+TEST_CASE("fast path: inline WRITEs over the limit after a stream of them", "[fastpath][write]")
+{
+	Options o;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	Pair p(o);
+	p.connect();
+	struct ibv_qp_attr qa{};
+	struct ibv_qp_init_attr qi{};
+	REQUIRE(ibv_query_qp(p.a.qp, &qa, IBV_QP_CAP, &qi) == 0);
+	const uint32_t limit = qi.cap.max_inline_data;
+	REQUIRE(limit + 1 <= 2048);
+	std::memset(p.a.at(0), 'i', limit + 1);
+	std::memset(p.b.at(0), '.', limit + 1);
+	const unsigned flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	struct ibv_wc wc{};
+	for (uint64_t id = 1; id <= 3; id++) {
+		REQUIRE(post_write(p.a, false, id, {p.a.addr(0), 8, 0}, p.b.mr->rkey, p.b.addr(0),
+				   flags) == 0);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK((wc.wr_id == id && wc.status == IBV_WC_SUCCESS));
+	}
+	CHECK(post_write(p.a, false, 4, {p.a.addr(0), limit + 1, 0}, p.b.mr->rkey, p.b.addr(0), flags) ==
+	      EINVAL);
+	CHECK(Pair::quiet(p.a));
+	CHECK(p.b.at(0)[8] == '.');
+	REQUIRE(post_write(p.a, false, 5, {p.a.addr(0), limit, 0}, p.b.mr->rkey, p.b.addr(0), flags) ==
+		0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK((wc.wr_id == 5 && wc.status == IBV_WC_SUCCESS));
+	CHECK(p.b.at(0)[limit - 1] == 'i');
+	CHECK(p.b.at(0)[limit] == '.');
 }
