@@ -323,6 +323,8 @@ QpEngine::QpEngine(Qp &qp)
 	if (type_ == IBV_QPT_RC || type_ == IBV_QPT_UC) {
 		direct_ops_ = direct_ops;
 		lane_ops_ = op_bit(IBV_WR_RDMA_WRITE) | send_ops;
+	} else if (type_ == IBV_QPT_UD) {
+		lane_ops_ = send_ops;
 	}
 	desc_off_ = seg_.alloc(sizeof(shm::QpDesc));
 	if (!desc_off_)
@@ -1601,27 +1603,6 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	       state == IBV_QPS_SQE;
 }
 
-/* direct_local()'s checks of one piece the direct path reads: inline data
- * within the QP's limit, or an lkey of our PD whose MR holds the range
- * (the null MR's entry, one per device, is of no PD: refused, left to
- * direct_local()'s sink). `from`: where it is. false: refused, nothing
- * held for this WR. */
-[[gnu::always_inline]] inline bool QpEngine::one_piece(const struct ibv_sge &s, bool inlined,
-						       const void *&from)
-{
-	from = reinterpret_cast<const void *>(s.addr);
-	if (inlined)
-		return s.length <= qp_.core->caps.created.max_inline_data;
-	if (!s.length)
-		return true;
-	const KeyRef *ref = local_refs_.get(local_keys_, s.lkey);
-	if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, 0)) {
-		local_refs_.end_wr();
-		return false;
-	}
-	from = reinterpret_cast<const void *>(ref->address_of(s.addr));
-	return true;
-}
 
 QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 {

@@ -422,6 +422,8 @@ private:
 	{
 		if (!((lane_ops_ >> wr.opcode) & 1) || wr.num_sge != 1)
 			return false;
+		if (type_ == IBV_QPT_UD)
+			return direct_ud(wr);
 		const bool inlined = wr.send_flags & IBV_SEND_INLINE;
 		if (wr.opcode == IBV_WR_RDMA_WRITE)
 			return direct_write(wr.wr_id, wr.send_flags, wr.sg_list[0], inlined,
@@ -451,7 +453,30 @@ private:
 	/* Their shared checks: the held target still ready (run_direct()'s),
 	 * and the local piece (direct_local()'s). */
 	bool held_target_ready(shm::QpDesc &t);
-	bool one_piece(const struct ibv_sge &s, bool inlined, const void *&from);
+	/* direct_local()'s checks of one piece the direct path reads: inline
+	 * data within the QP's limit, or an lkey of our PD whose MR holds the
+	 * range (the null MR's entry, one per device, is of no PD: refused,
+	 * left to direct_local()'s sink). `from`: where it is. false:
+	 * refused, nothing held for this WR. */
+	[[gnu::always_inline]] bool one_piece(const struct ibv_sge &s, bool inlined,
+					      const void *&from)
+	{
+		from = reinterpret_cast<const void *>(s.addr);
+		if (inlined)
+			return s.length <= qp_.core->caps.created.max_inline_data;
+		if (!s.length)
+			return true;
+		const KeyRef *ref = local_refs_.get(local_keys_, s.lkey);
+		if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, 0)) {
+			local_refs_.end_wr();
+			return false;
+		}
+		from = reinterpret_cast<const void *>(ref->address_of(s.addr));
+		return true;
+	}
+	/* The UD send of the same shape (lib/ud.cpp): unicast, to the target
+	 * and by the route (no GRH) of the messages before. */
+	bool direct_ud(const struct ibv_send_wr &wr);
 	Direct run_direct(const DirectWr &wr);
 	/* The UD send of the direct path: execute_ud() without the SendWr
 	 * (`sge`, `inlined` as in DirectWr). */

@@ -465,6 +465,61 @@ bool takes_messages(uint32_t st)
 }
 
 /*
+ * A UD SEND of one piece to the unicast target of the messages before, by
+ * the route they took (a LID, no GRH): execute_ud()'s checks and
+ * ud_deliver(), without the port, route and GRH decisions, the UdSend and
+ * the iovec of the general way. Anything else, or a message execute_ud()
+ * would drop or fail, goes there (false: nothing done).
+ */
+[[gnu::flatten]] bool QpEngine::direct_ud(const struct ibv_send_wr &wr)
+{
+	struct ibv_ah *ibah = wr.wr.ud.ah;
+	const Port *own = ud_port_;
+	const auto &r = ud_route_;
+	if (!ibah || ibah->context != qp_.ctx->abi() || !own || ud_port_num_ != attr_.port_num ||
+	    !r.valid || !r.found)
+		return false;
+	/* A LID the route was found for: not global (nor, so, Ethernet,
+	 * whose AHs all are), and unicast (only those are routed). */
+	const struct ibv_ah_attr &ah = Ah::from(ibah)->attr;
+	if (ah.is_global || ah.dlid != r.dlid)
+		return false;
+	UdTarget &t = ud_target_;
+	const uint32_t qpn = wr.wr.ud.remote_qpn;
+	if (!t.desc || t.qpn != qpn || t.device != r.device || held_.inflight != t.desc ||
+	    !t.recv_checked || t.seg->gone.load(std::memory_order_acquire) ||
+	    t.desc->magic != shm::qp_magic || t.desc->qpn != qpn || t.desc->type != IBV_QPT_UD ||
+	    !t.seg->alive() || t.desc->dead.load(std::memory_order_seq_cst))
+		return false;
+	const uint32_t qkey = (wr.wr.ud.remote_qkey & 0x80000000u) ? attr_.qkey : wr.wr.ud.remote_qkey;
+	const shm::QpDesc &d = *t.desc;
+	if (!takes_messages(d.state.load(std::memory_order_acquire)) ||
+	    d.port.load(std::memory_order_relaxed) != r.port ||
+	    d.qkey.load(std::memory_order_relaxed) != qkey)
+		return false;
+	const struct ibv_sge &s = wr.sg_list[0];
+	if (s.length > (128ull << own->attr.active_mtu))
+		return false;
+	const void *from;
+	if (!one_piece(s, wr.send_flags & IBV_SEND_INLINE, from))
+		return false;
+	UdMessage m{};
+	m.data = static_cast<const char *>(from);
+	m.length = s.length;
+	m.src_qp = qpn_;
+	m.slid = own->attr.lid;
+	m.sl = ah.sl;
+	m.solicited = wr.send_flags & IBV_SEND_SOLICITED;
+	m.with_imm = wr.opcode == IBV_WR_SEND_WITH_IMM;
+	m.imm_data = wr.imm_data;
+	ud_deliver(t, m, true);
+	local_refs_.end_wr();
+	if ((wr.send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all)
+		complete_send(wr.wr_id, wr.send_flags, wr.opcode, IBV_WC_SUCCESS, s.length);
+	return true;
+}
+
+/*
  * One UD WR (sq_lock_ held): local gathered into `local` (`length` bytes).
  * Done, or Fatal for a message over the MTU: UD never waits and never
  * fails remotely.

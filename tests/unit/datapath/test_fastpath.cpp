@@ -828,3 +828,293 @@ TEST_CASE("fast path: inline WRITEs over the limit after a stream of them", "[fa
 	CHECK(p.b.at(0)[limit - 1] == 'i');
 	CHECK(p.b.at(0)[limit] == '.');
 }
+
+/*
+ * UD: after a SEND of one piece went the direct way, the next ones to the
+ * same target by the same route (a LID, no GRH) take a shorter way of their
+ * own (lib/ud.cpp direct_ud). Every section streams good messages, then
+ * changes one thing; what the general way does with it must still happen.
+ */
+TEST_CASE("fast path: UD SENDs after a stream of them keep every check", "[fastpath][ud]")
+{
+	const bool inl = GENERATE(false, true);
+	CAPTURE(inl);
+	Options o;
+	o.type = IBV_QPT_UD;
+	Pair p(o);
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	const uint32_t lk = a.mr->lkey;
+	const unsigned sig = IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0);
+	struct ibv_ah_attr aa{};
+	aa.dlid = p.lid;
+	aa.port_num = 1;
+	aa.sl = 2;
+	struct ibv_ah *ah = ibv_create_ah(p.pd, &aa);
+	REQUIRE(ah);
+	std::memcpy(a.at(0), "ud-lane-message!", 16);
+	struct ibv_wc wc{};
+	auto send = [&](Side &from, uint64_t wr_id, struct ibv_ah *to_ah, uint32_t qpn, uint32_t qkey,
+			struct ibv_sge sge, unsigned flags, enum ibv_wr_opcode op = IBV_WR_SEND) {
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.opcode = op;
+		wr.send_flags = flags;
+		wr.imm_data = htonl(0xabcd);
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.wr.ud.ah = to_ah;
+		wr.wr.ud.remote_qpn = qpn;
+		wr.wr.ud.remote_qkey = qkey;
+		return ibv_post_send(from.qp, &wr, &bad);
+	};
+	/* One message to b; its completion at a. */
+	auto to_b = [&](uint64_t wr_id, uint32_t qkey = 0x1234, struct ibv_sge sge = {},
+			unsigned flags = ~0u) {
+		if (!sge.length)
+			sge = {a.addr(0), 16, lk};
+		REQUIRE(send(a, wr_id, ah, b.qp->qp_num, qkey, sge, flags == ~0u ? sig : flags) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.wr_id == wr_id);
+		return wc.status;
+	};
+	/* The receive completion of a message landed in b at `off`. */
+	auto landed = [&](uint64_t recv_id, size_t off) {
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK(wc.wr_id == recv_id);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.byte_len == 16 + 40);
+		CHECK(wc.src_qp == a.qp->qp_num);
+		CHECK(wc.sl == 2);
+		CHECK(std::memcmp(b.at(off + 40), "ud-lane-message!", 16) == 0);
+	};
+	for (uint64_t i = 0; i < 3; i++) {
+		REQUIRE(Pair::post_recv(b, i, 128 * i, 128) == 0);
+		REQUIRE(to_b(100 + i) == IBV_WC_SUCCESS);
+		landed(i, 128 * i);
+		CHECK(wc.wc_flags == 0);
+	}
+	REQUIRE(Pair::post_recv(b, 9, 1024, 128) == 0); /* for what follows */
+
+	SECTION("with immediate, unsignaled: the immediate arrives, no send completion")
+	{
+		REQUIRE(send(a, 110, ah, b.qp->qp_num, 0x1234, {a.addr(0), 16, lk},
+			     inl ? IBV_SEND_INLINE : 0, IBV_WR_SEND_WITH_IMM) == 0);
+		landed(9, 1024);
+		CHECK(wc.wc_flags == IBV_WC_WITH_IMM);
+		CHECK(ntohl(wc.imm_data) == 0xabcd);
+		CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+	}
+	SECTION("another Q_Key: dropped")
+	{
+		CHECK(to_b(111, 0x4321) == IBV_WC_SUCCESS);
+		CHECK(Pair::quiet(b));
+	}
+	SECTION("a Q_Key with the high bit: the sending QP's own")
+	{
+		CHECK(to_b(112, 0x80000000u) == IBV_WC_SUCCESS);
+		landed(9, 1024);
+		/* Once a's own is another, such messages no longer match b. */
+		struct ibv_qp_attr qa{};
+		qa.qkey = 0x5555;
+		REQUIRE(ibv_modify_qp(a.qp, &qa, IBV_QP_QKEY) == 0);
+		REQUIRE(Pair::post_recv(b, 10, 2048, 128) == 0);
+		CHECK(to_b(113, 0x80000000u) == IBV_WC_SUCCESS);
+		CHECK(Pair::quiet(b));
+		CHECK(to_b(114) == IBV_WC_SUCCESS);
+		landed(10, 2048);
+	}
+	SECTION("a target in INIT with a receive posted: dropped; in RTR again: taken")
+	{
+		struct ibv_qp_attr qa{};
+		qa.qp_state = IBV_QPS_RESET;
+		REQUIRE(ibv_modify_qp(b.qp, &qa, IBV_QP_STATE) == 0);
+		shmv_test::QpPath path;
+		path.qkey = 0x1234;
+		REQUIRE(shmv_test::qp_to_init(b.qp, IBV_QPT_UD, path) == 0);
+		REQUIRE(Pair::post_recv(b, 20, 2048, 128) == 0);
+		CHECK(to_b(124) == IBV_WC_SUCCESS);
+		CHECK(Pair::quiet(b));
+		qa.qp_state = IBV_QPS_RTR;
+		REQUIRE(ibv_modify_qp(b.qp, &qa, IBV_QP_STATE) == 0);
+		CHECK(to_b(125) == IBV_WC_SUCCESS);
+		landed(20, 2048);
+	}
+	SECTION("an AH to a LID nobody has: dropped; the first AH again: delivered")
+	{
+		struct ibv_ah_attr nowhere = aa;
+		nowhere.dlid = uint16_t(p.lid + 100);
+		struct ibv_ah *lost = ibv_create_ah(p.pd, &nowhere);
+		REQUIRE(lost);
+		for (uint64_t id = 115; id < 117; id++) { /* the second knows the route */
+			REQUIRE(send(a, id, lost, b.qp->qp_num, 0x1234, {a.addr(0), 16, lk}, sig) == 0);
+			REQUIRE(Pair::wait_wc(a, wc));
+			CHECK((wc.wr_id == id && wc.status == IBV_WC_SUCCESS));
+		}
+		CHECK(Pair::quiet(b));
+		CHECK(to_b(117) == IBV_WC_SUCCESS);
+		landed(9, 1024);
+		CHECK(ibv_destroy_ah(lost) == 0);
+	}
+	SECTION("a global AH: the GRH comes first")
+	{
+		struct ibv_ah_attr global = aa;
+		global.is_global = 1;
+		global.grh.hop_limit = 7;
+		REQUIRE(ibv_query_gid(p.ctx, 1, 0, &global.grh.dgid) == 0);
+		struct ibv_ah *gah = ibv_create_ah(p.pd, &global);
+		REQUIRE(gah);
+		REQUIRE(send(a, 118, gah, b.qp->qp_num, 0x1234, {a.addr(0), 16, lk}, sig) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		landed(9, 1024);
+		CHECK(wc.wc_flags == IBV_WC_GRH);
+		const auto *grh = reinterpret_cast<const struct ibv_grh *>(b.at(1024));
+		CHECK(grh->hop_limit == 7);
+		CHECK(std::memcmp(grh->dgid.raw, global.grh.dgid.raw, 16) == 0);
+		CHECK(ibv_destroy_ah(gah) == 0);
+	}
+	SECTION("another target QP: the message goes there")
+	{
+		Side c;
+		p.make(c);
+		REQUIRE(Pair::up(c, 0, p.lid, IBV_QPT_UD) == 0);
+		REQUIRE(Pair::post_recv(c, 30, 0, 128) == 0);
+		REQUIRE(send(a, 119, ah, c.qp->qp_num, 0x1234, {a.addr(0), 16, lk}, sig) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		REQUIRE(Pair::wait_wc(c, wc));
+		CHECK((wc.wr_id == 30 && wc.byte_len == 56));
+		CHECK(std::memcmp(c.at(40), "ud-lane-message!", 16) == 0);
+		CHECK(Pair::quiet(b));
+		Pair::destroy(c);
+	}
+	SECTION("over the path MTU: local length error")
+	{
+		struct ibv_port_attr pa{};
+		REQUIRE(ibv_query_port(p.ctx, 1, &pa) == 0);
+		const uint32_t mtu = 128u << pa.active_mtu;
+		REQUIRE(mtu < buf_size);
+		if (!inl) /* inline data stops far below an MTU */
+			CHECK(to_b(120, 0x1234, {a.addr(0), mtu + 1, lk}) == IBV_WC_LOC_LEN_ERR);
+		CHECK(Pair::quiet(b));
+	}
+	if (inl) {
+		SECTION("inline data over the QP's limit: EINVAL")
+		{
+			struct ibv_qp_attr qa{};
+			struct ibv_qp_init_attr qi{};
+			REQUIRE(ibv_query_qp(a.qp, &qa, IBV_QP_CAP, &qi) == 0);
+			CHECK(send(a, 121, ah, b.qp->qp_num, 0x1234,
+				   {a.addr(0), qi.cap.max_inline_data + 1, lk}, sig) == EINVAL);
+			CHECK(Pair::quiet(a));
+			CHECK(Pair::quiet(b));
+		}
+	} else {
+		SECTION("a local piece past the end of its MR: local protection error")
+		{
+			CHECK(to_b(122, 0x1234, {a.addr(buf_size - 4), 16, lk}) == IBV_WC_LOC_PROT_ERR);
+			CHECK(Pair::quiet(b));
+		}
+	}
+	SECTION("an AH of another context: EINVAL, nothing sent")
+	{
+		struct ibv_context *other = shmv_test::open_first_device();
+		REQUIRE(other);
+		struct ibv_pd *other_pd = ibv_alloc_pd(other);
+		REQUIRE(other_pd);
+		struct ibv_ah *foreign = ibv_create_ah(other_pd, &aa);
+		REQUIRE(foreign);
+		CHECK(send(a, 123, foreign, b.qp->qp_num, 0x1234, {a.addr(0), 16, lk}, sig) == EINVAL);
+		CHECK(Pair::quiet(a));
+		CHECK(Pair::quiet(b));
+		CHECK(ibv_destroy_ah(foreign) == 0);
+		CHECK(ibv_dealloc_pd(other_pd) == 0);
+		CHECK(ibv_close_device(other) == 0);
+	}
+	CHECK(ibv_destroy_ah(ah) == 0);
+}
+
+/*
+ * The same with two ports (SHMVERBS_PORTS=2, tests/meson.build): what the
+ * shorter way keeps of the route and the QP's port must follow a QP that
+ * moves to the other port.
+ */
+TEST_CASE("fast path: UD SENDs follow QPs that move to the other port", "[.][fastpath][2ports]")
+{
+	Options o;
+	o.type = IBV_QPT_UD;
+	Pair p(o);
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	struct ibv_port_attr pa2{};
+	REQUIRE(ibv_query_port(p.ctx, 2, &pa2) == 0);
+	const uint16_t lid1 = p.lid, lid2 = pa2.lid;
+	REQUIRE(lid1 != lid2);
+	auto make_ah = [&](uint16_t dlid, uint8_t port) {
+		struct ibv_ah_attr aa{};
+		aa.dlid = dlid;
+		aa.port_num = port;
+		struct ibv_ah *ah = ibv_create_ah(p.pd, &aa);
+		REQUIRE(ah);
+		return ah;
+	};
+	struct ibv_ah *to_port1 = make_ah(lid1, 1), *to_port2 = make_ah(lid2, 1);
+	std::memcpy(a.at(0), "two-ports", 9);
+	struct ibv_wc wc{};
+	uint64_t next = 1;
+	/* A SEND of a to b by `ah`; a's completion. */
+	auto send = [&](struct ibv_ah *ah) {
+		struct ibv_send_wr wr{};
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = b.qp->qp_num;
+		wr.wr.ud.remote_qkey = 0x1234;
+		const uint64_t id = next++;
+		REQUIRE(Pair::post8(a, IBV_WR_SEND, id, wr) == 0);
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK((wc.wr_id == id && wc.status == IBV_WC_SUCCESS));
+	};
+	/* RESET -> RTS on `port`. */
+	auto move = [&](Side &s, uint8_t port) {
+		struct ibv_qp_attr qa{};
+		qa.qp_state = IBV_QPS_RESET;
+		REQUIRE(ibv_modify_qp(s.qp, &qa, IBV_QP_STATE) == 0);
+		qa = {};
+		qa.qp_state = IBV_QPS_INIT;
+		qa.port_num = port;
+		qa.qkey = 0x1234;
+		REQUIRE(ibv_modify_qp(s.qp, &qa, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+							 IBV_QP_QKEY) == 0);
+		REQUIRE(shmv_test::qp_init_to_rts(s.qp, IBV_QPT_UD, 0, 0) == 0);
+	};
+	for (uint64_t i = 0; i < 3; i++) {
+		REQUIRE(Pair::post_recv(b, i, 0, 128) == 0);
+		send(to_port1);
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == i && wc.slid == lid1));
+	}
+
+	SECTION("the sender moves: its messages come from the other port's LID")
+	{
+		move(a, 2);
+		for (uint64_t i = 10; i < 13; i++) {
+			REQUIRE(Pair::post_recv(b, i, 0, 128) == 0);
+			send(to_port1);
+			REQUIRE(Pair::wait_wc(b, wc));
+			CHECK((wc.wr_id == i && wc.slid == lid2));
+		}
+	}
+	SECTION("the target moves: what is addressed to the old port is dropped")
+	{
+		move(b, 2);
+		REQUIRE(Pair::post_recv(b, 20, 0, 128) == 0);
+		send(to_port1);
+		send(to_port1);
+		CHECK(Pair::quiet(b));
+		send(to_port2);
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == 20 && wc.slid == lid1));
+	}
+	CHECK(ibv_destroy_ah(to_port1) == 0);
+	CHECK(ibv_destroy_ah(to_port2) == 0);
+}
