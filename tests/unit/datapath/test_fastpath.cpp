@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -648,6 +649,14 @@ TEST_CASE("fast path: WRITEs after a stream of them keep every check", "[fastpat
 	auto untouched = [&](size_t at, size_t len) {
 		return std::string(b.at(at), len) == std::string(len, '.');
 	};
+	/* A WRITE of `sge` to b at `at` under `rkey` that fails with `status`,
+	 * nothing written. */
+	auto refused = [&](uint64_t wr_id, struct ibv_sge sge, uint32_t rkey, size_t at,
+			   enum ibv_wc_status status) {
+		REQUIRE(post_write(a, ex, wr_id, sge, rkey, b.addr(at), sig) == 0);
+		CHECK(done(wr_id) == status);
+		CHECK(untouched(at, std::min<size_t>(8, buf_size - at)));
+	};
 
 	SECTION("unsignaled ones complete nothing, their data lands")
 	{
@@ -661,17 +670,13 @@ TEST_CASE("fast path: WRITEs after a stream of them keep every check", "[fastpat
 	}
 	SECTION("past the end of the remote MR: remote access error")
 	{
-		REQUIRE(post_write(a, ex, 70, {a.addr(0), 8, lk}, rk, b.addr(buf_size - 4), sig) == 0);
-		CHECK(done(70) == IBV_WC_REM_ACCESS_ERR);
-		CHECK(untouched(buf_size - 4, 4));
+		refused(70, {a.addr(0), 8, lk}, rk, buf_size - 4, IBV_WC_REM_ACCESS_ERR);
 	}
 	SECTION("another remote key, of an MR without remote write: remote access error")
 	{
 		struct ibv_mr *ro = ibv_reg_mr(p.pd, b.at(4096), 1024, IBV_ACCESS_REMOTE_READ);
 		REQUIRE(ro);
-		REQUIRE(post_write(a, ex, 71, {a.addr(0), 8, lk}, ro->rkey, b.addr(4096), sig) == 0);
-		CHECK(done(71) == IBV_WC_REM_ACCESS_ERR);
-		CHECK(untouched(4096, 8));
+		refused(71, {a.addr(0), 8, lk}, ro->rkey, 4096, IBV_WC_REM_ACCESS_ERR);
 		CHECK(ibv_dereg_mr(ro) == 0);
 	}
 	SECTION("the target QP took remote write back: remote access error")
@@ -679,26 +684,20 @@ TEST_CASE("fast path: WRITEs after a stream of them keep every check", "[fastpat
 		struct ibv_qp_attr qa{};
 		qa.qp_access_flags = IBV_ACCESS_REMOTE_READ;
 		REQUIRE(ibv_modify_qp(b.qp, &qa, IBV_QP_ACCESS_FLAGS) == 0);
-		REQUIRE(post_write(a, ex, 72, {a.addr(0), 8, lk}, rk, b.addr(3000), sig) == 0);
-		CHECK(done(72) == IBV_WC_REM_ACCESS_ERR);
-		CHECK(untouched(3000, 8));
+		refused(72, {a.addr(0), 8, lk}, rk, 3000, IBV_WC_REM_ACCESS_ERR);
 	}
 	SECTION("the target QP in ERR: no response, retries exhausted")
 	{
 		struct ibv_qp_attr qa{};
 		qa.qp_state = IBV_QPS_ERR;
 		REQUIRE(ibv_modify_qp(b.qp, &qa, IBV_QP_STATE) == 0);
-		REQUIRE(post_write(a, ex, 73, {a.addr(0), 8, lk}, rk, b.addr(3000), sig) == 0);
-		CHECK(done(73) == IBV_WC_RETRY_EXC_ERR);
-		CHECK(untouched(3000, 8));
+		refused(73, {a.addr(0), 8, lk}, rk, 3000, IBV_WC_RETRY_EXC_ERR);
 	}
 	if (inl)
 		return; /* inline data has no local key */
 	SECTION("a local piece past the end of its MR: local protection error")
 	{
-		REQUIRE(post_write(a, ex, 74, {a.addr(buf_size - 4), 8, lk}, rk, b.addr(3000), sig) == 0);
-		CHECK(done(74) == IBV_WC_LOC_PROT_ERR);
-		CHECK(untouched(3000, 8));
+		refused(74, {a.addr(buf_size - 4), 8, lk}, rk, 3000, IBV_WC_LOC_PROT_ERR);
 	}
 	SECTION("a local key of another PD: local protection error")
 	{
@@ -706,9 +705,7 @@ TEST_CASE("fast path: WRITEs after a stream of them keep every check", "[fastpat
 		REQUIRE(pd2);
 		struct ibv_mr *other = ibv_reg_mr(pd2, a.at(0), 1024, IBV_ACCESS_LOCAL_WRITE);
 		REQUIRE(other);
-		REQUIRE(post_write(a, ex, 75, {a.addr(0), 8, other->lkey}, rk, b.addr(3000), sig) == 0);
-		CHECK(done(75) == IBV_WC_LOC_PROT_ERR);
-		CHECK(untouched(3000, 8));
+		refused(75, {a.addr(0), 8, other->lkey}, rk, 3000, IBV_WC_LOC_PROT_ERR);
 		CHECK(ibv_dereg_mr(other) == 0);
 		CHECK(ibv_dealloc_pd(pd2) == 0);
 	}
@@ -1087,22 +1084,21 @@ TEST_CASE("fast path: UD SENDs follow QPs that move to the other port", "[.][fas
 							 IBV_QP_QKEY) == 0);
 		REQUIRE(shmv_test::qp_init_to_rts(s.qp, IBV_QPT_UD, 0, 0) == 0);
 	};
-	for (uint64_t i = 0; i < 3; i++) {
-		REQUIRE(Pair::post_recv(b, i, 0, 128) == 0);
-		send(to_port1);
+	/* One message by `ah` into b's receive `recv_id`, from `slid`. */
+	auto through = [&](uint64_t recv_id, struct ibv_ah *ah, uint16_t slid) {
+		REQUIRE(Pair::post_recv(b, recv_id, 0, 128) == 0);
+		send(ah);
 		REQUIRE(Pair::wait_wc(b, wc));
-		CHECK((wc.wr_id == i && wc.slid == lid1));
-	}
+		CHECK((wc.wr_id == recv_id && wc.slid == slid));
+	};
+	for (uint64_t i = 0; i < 3; i++)
+		through(i, to_port1, lid1);
 
 	SECTION("the sender moves: its messages come from the other port's LID")
 	{
 		move(a, 2);
-		for (uint64_t i = 10; i < 13; i++) {
-			REQUIRE(Pair::post_recv(b, i, 0, 128) == 0);
-			send(to_port1);
-			REQUIRE(Pair::wait_wc(b, wc));
-			CHECK((wc.wr_id == i && wc.slid == lid2));
-		}
+		for (uint64_t i = 10; i < 13; i++)
+			through(i, to_port1, lid2);
 	}
 	SECTION("the target moves: what is addressed to the old port is dropped")
 	{
