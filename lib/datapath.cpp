@@ -320,11 +320,16 @@ QpEngine::QpEngine(Qp &qp)
 	for (int op = 0; op < 32; op++)
 		if (opcode_allowed(type_, op))
 			allowed_ops_ |= 1u << op;
-	if (type_ == IBV_QPT_RC || type_ == IBV_QPT_UC) {
+	if (type_ == IBV_QPT_RC || type_ == IBV_QPT_UC)
 		direct_ops_ = direct_ops;
-		lane_ops_ = op_bit(IBV_WR_RDMA_WRITE) | send_ops;
-	} else if (type_ == IBV_QPT_UD) {
-		lane_ops_ = send_ops;
+	/* direct_one()'s, which post_send() tries before its checks: opcodes
+	 * every RC, UC and UD QP allows; none for a QP whose WRs take no SGE
+	 * (one without send WRs never holds the target direct_one() needs). */
+	if (qp.core->caps.created.max_send_sge) {
+		if (direct_ops_)
+			lane_ops_ = op_bit(IBV_WR_RDMA_WRITE) | send_ops;
+		else if (type_ == IBV_QPT_UD)
+			lane_ops_ = send_ops;
 	}
 	desc_off_ = seg_.alloc(sizeof(shm::QpDesc));
 	if (!desc_off_)
@@ -649,7 +654,15 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 		if (wr && in_mask(direct_ops_ & send_ops, raw_opcode(*wr)))
 			prefetch_send_lines(); /* RC, UC */
 		for (; wr; wr = wr->next) {
-			if (!in_mask(allowed_ops_, raw_opcode(*wr)) || wr->num_sge < 0 ||
+			const int op = raw_opcode(*wr);
+			/* The common WR first. lane_ops_ holds only opcodes the
+			 * QP allows, and none when it has no room for one WR of
+			 * one SGE, so the checks below pass for what
+			 * direct_one() takes. */
+			if (in_mask(lane_ops_, op) && wr->num_sge == 1 && sq_.empty() && !fatal &&
+			    state_.load() != IBV_QPS_ERR && direct_one(*wr))
+				continue;
+			if (!in_mask(allowed_ops_, op) || wr->num_sge < 0 ||
 			    uint32_t(wr->num_sge) > caps.created.max_send_sge) {
 				err = EINVAL;
 				break;
@@ -661,8 +674,6 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				break;
 			}
 			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR) {
-				if (direct_one(*wr))
-					continue;
 				if (Direct d = try_direct(*wr); d != Direct::NotTaken) {
 					fatal = d == Direct::Fatal;
 					continue;

@@ -416,12 +416,11 @@ private:
 	 * (direct_write) or a SEND / SEND_WITH_IMM into the target's own RQ
 	 * (direct_send) of one piece (inline or by lkey), to the target (and
 	 * for a WRITE the remote key, reached directly) held from the WRs
-	 * before. false: nothing happened; try_direct() decides. One test
-	 * of the opcode (already found valid) for the WRs they never take. */
+	 * before. false: nothing happened; try_direct() decides. For the
+	 * WRs they never take, one test of the opcode (lane_ops_; post_send()
+	 * tests it and the SGE count of an ibv_send_wr itself). */
 	bool direct_one(const struct ibv_send_wr &wr)
 	{
-		if (!((lane_ops_ >> wr.opcode) & 1) || wr.num_sge != 1)
-			return false;
 		if (type_ == IBV_QPT_UD)
 			return direct_ud(wr);
 		const bool inlined = wr.send_flags & IBV_SEND_INLINE;

@@ -720,6 +720,39 @@ TEST_CASE("fast path: WRITEs after a stream of them keep every check", "[fastpat
 	}
 }
 
+/* post_send() tries the shorter ways before its own checks: a QP created
+ * without send SGEs must still refuse a WR of one (EINVAL), also after a
+ * stream of empty WRITEs that left the target and key held. */
+TEST_CASE("fast path: a QP without send SGEs refuses one after a stream of empty WRITEs",
+	  "[fastpath][write]")
+{
+	Options o;
+	o.max_send_sge = 0;
+	Pair p(o);
+	p.connect();
+	struct ibv_qp_attr qa{};
+	struct ibv_qp_init_attr qi{};
+	REQUIRE(ibv_query_qp(p.a.qp, &qa, IBV_QP_CAP, &qi) == 0);
+	REQUIRE(qi.cap.max_send_sge == 0);
+	struct ibv_wc wc{};
+	for (uint64_t id = 1; id <= 3; id++) {
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = id;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.wr.rdma.remote_addr = p.b.addr(0);
+		wr.wr.rdma.rkey = p.b.mr->rkey;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK((wc.wr_id == id && wc.status == IBV_WC_SUCCESS && wc.byte_len == 0));
+	}
+	std::memset(p.b.at(0), '.', 8);
+	CHECK(post_write(p.a, false, 4, {p.a.addr(0), 8, p.a.mr->lkey}, p.b.mr->rkey, p.b.addr(0)) ==
+	      EINVAL);
+	CHECK(Pair::quiet(p.a));
+	CHECK(std::string(p.b.at(0), 8) == "........");
+}
+
 /*
  * UC: a WRITE the responder refuses is dropped and the QP goes on, so the
  * refused key stays the one held and the WRITEs after it take the shorter
