@@ -1539,7 +1539,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
  * the opcode, the number of pieces and the memory path, nor the DirectWr
  * they share. This is that WR on its own: ~150 instructions where
  * try_direct() took ~250 (callgrind, queue-bench, RC WRITE from an SGE
- * signaled every 16th: 412 -> 323 per post + poll). Anything else (another
+ * signaled every 16th: 412 -> 328 per post + poll). Anything else (another
  * opcode, key or target, a hold to take, a check failing) returns false
  * having done nothing but touch the local key's entry, and try_direct()
  * gives the answer, the error completion included.
@@ -1613,7 +1613,6 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD ||
 	       state == IBV_QPS_SQE;
 }
-
 
 QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 {

@@ -432,7 +432,9 @@ private:
 	}
 	bool direct_one(const SendWr &w)
 	{
-		if (!((lane_ops_ >> w.opcode) & 1))
+		/* UD through the builders: try_direct() (direct_ud() reads
+		 * the AH of an ibv_send_wr). */
+		if (!((lane_ops_ >> w.opcode) & 1) || type_ == IBV_QPT_UD)
 			return false;
 		/* The builders copied inline data (and checked its size). */
 		const bool inlined = !w.inline_data.empty();
