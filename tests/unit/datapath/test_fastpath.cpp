@@ -37,6 +37,33 @@ int post_signaled(Side &s, enum ibv_wr_opcode op, uint64_t wr_id, uint64_t remot
 	return Pair::post8(s, op, wr_id, wr);
 }
 
+/* One RDMA WRITE of `s` to `raddr` under `rkey`, through ibv_post_send or
+ * the ibv_wr_* builders (`ex`). */
+int post_write(Side &s, bool ex, uint64_t wr_id, struct ibv_sge sge, uint32_t rkey, uint64_t raddr,
+	       unsigned flags = IBV_SEND_SIGNALED)
+{
+	if (!ex) {
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = wr_id;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.send_flags = flags;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.wr.rdma.remote_addr = raddr;
+		wr.wr.rdma.rkey = rkey;
+		return ibv_post_send(s.qp, &wr, &bad);
+	}
+	ibv_wr_start(s.qpx);
+	s.qpx->wr_id = wr_id;
+	s.qpx->wr_flags = flags;
+	ibv_wr_rdma_write(s.qpx, rkey, raddr);
+	if (flags & IBV_SEND_INLINE)
+		ibv_wr_set_inline_data(s.qpx, reinterpret_cast<void *>(sge.addr), sge.length);
+	else
+		ibv_wr_set_sge(s.qpx, sge.lkey, sge.addr, sge.length);
+	return ibv_wr_complete(s.qpx);
+}
+
 } // namespace
 
 TEST_CASE("fast path: a WR posted inside a start_poll batch of its CQ completes at end_poll",
@@ -220,16 +247,8 @@ TEST_CASE("fast path: an lkey the engine keeps held neither blocks dereg_mr nor 
 	struct ibv_mr *mr = ibv_reg_mr(p.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
 	REQUIRE(mr);
 	auto write_from = [&](uint32_t lkey, uint64_t wr_id) {
-		struct ibv_sge sg = {uint64_t(uintptr_t(src.data())), 8, lkey};
-		struct ibv_send_wr wr{}, *bad = nullptr;
-		wr.wr_id = wr_id;
-		wr.opcode = IBV_WR_RDMA_WRITE;
-		wr.send_flags = IBV_SEND_SIGNALED;
-		wr.sg_list = &sg;
-		wr.num_sge = 1;
-		wr.wr.rdma.remote_addr = p.b.addr(0);
-		wr.wr.rdma.rkey = p.b.mr->rkey;
-		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		REQUIRE(post_write(p.a, false, wr_id, {uint64_t(uintptr_t(src.data())), 8, lkey},
+				   p.b.mr->rkey, p.b.addr(0)) == 0);
 		struct ibv_wc wc{};
 		REQUIRE(Pair::wait_wc(p.a, wc));
 		CHECK(wc.wr_id == wr_id);
@@ -572,37 +591,6 @@ TEST_CASE("fast path: a receive SGE of the null MR takes its bytes and drops the
 	CHECK(std::string(p.b.at(1024), 8) == std::string(8, 'B'));
 	CHECK(ibv_dereg_mr(null_mr) == 0);
 }
-
-namespace {
-
-/* One RDMA WRITE of `s` to `raddr` under `rkey`, through ibv_post_send or
- * the ibv_wr_* builders (`ex`). */
-int post_write(Side &s, bool ex, uint64_t wr_id, struct ibv_sge sge, uint32_t rkey, uint64_t raddr,
-	       unsigned flags = IBV_SEND_SIGNALED)
-{
-	if (!ex) {
-		struct ibv_send_wr wr{}, *bad = nullptr;
-		wr.wr_id = wr_id;
-		wr.opcode = IBV_WR_RDMA_WRITE;
-		wr.send_flags = flags;
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		wr.wr.rdma.remote_addr = raddr;
-		wr.wr.rdma.rkey = rkey;
-		return ibv_post_send(s.qp, &wr, &bad);
-	}
-	ibv_wr_start(s.qpx);
-	s.qpx->wr_id = wr_id;
-	s.qpx->wr_flags = flags;
-	ibv_wr_rdma_write(s.qpx, rkey, raddr);
-	if (flags & IBV_SEND_INLINE)
-		ibv_wr_set_inline_data(s.qpx, reinterpret_cast<void *>(sge.addr), sge.length);
-	else
-		ibv_wr_set_sge(s.qpx, sge.lkey, sge.addr, sge.length);
-	return ibv_wr_complete(s.qpx);
-}
-
-} // namespace
 
 /*
  * After a WRITE of one piece went the direct way, the next ones to the same
