@@ -297,7 +297,7 @@ struct SendWr {
  * lock. `err` latches the first builder error, returned by wr_complete
  * (which then posts nothing). */
 struct QpExBatch {
-	FastMutex lock;
+	SpinLock lock;
 	std::vector<SendWr> wrs;
 	size_t count = 0;
 	int err = 0;
@@ -551,7 +551,7 @@ private:
 	uint32_t rq_entries_ = 0, rq_max_sge_ = 0, rq_stride_ = 0;
 	bool published_ = false;
 
-	FastMutex sq_lock_;
+	SpinLock sq_lock_;
 	/* Set once a SEND of ours resolved its target's RQ: post_recv() then
 	 * prefetches the lines of the reply (prefetch_send_lines), which
 	 * costs it the sq_lock_ try of a QP that never sends otherwise. */
