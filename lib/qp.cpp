@@ -700,7 +700,6 @@ int destroy_qp(Qp &qp)
 	qp.ctx->drop_queued_events(qp.abi());
 	qp.async_events.wait_all_acked();
 	qp.ctx->remove_event_source(qp.abi());
-	release_uses(qp);
 
 	bool last = true;
 	{
@@ -716,9 +715,22 @@ int destroy_qp(Qp &qp)
 			xrc_qps.erase({core->xrc_domain, core->qp_num});
 	}
 	if (last) {
-		release_id(*core->device, IdKind::Qp, core->qp_num);
+		Device &device = *core->device;
+		const uint32_t qp_num = core->qp_num;
+		/* The engine withdraws the QP and waits until no sender is
+		 * inside it: no completion of it comes after this. */
 		delete core;
+		/* Those it left unpolled go, as libmlx5's destroy_qp cleans both
+		 * CQs (mlx5_cq_clean): a poll after this never returns the
+		 * number of a QP that is gone, which may be reused. Before the
+		 * number is free and the CQs' uses are let go. */
+		if (qp.recv_cq)
+			cq_clean(*qp.recv_cq, qp_num);
+		if (qp.send_cq && qp.send_cq != qp.recv_cq)
+			cq_clean(*qp.send_cq, qp_num);
+		release_id(device, IdKind::Qp, qp_num);
 	}
+	release_uses(qp);
 	free_handle(&qp);
 	return 0;
 }

@@ -21,20 +21,15 @@ int post_send(Side &s, enum ibv_wr_opcode op, uint64_t wr_id, uint32_t remote_qp
 	return Pair::post8(s, op, wr_id, wr);
 }
 
-} // namespace
-
-TEST_CASE("reset removes the QP's unpolled completions from its CQ, others stay in order",
-	  "[robust]")
+/* a's CQ with completions of a (SENDs 10 and 11) and, between them, of a
+ * second QP `c` on the same CQ (SEND 20), none polled; b's CQ with b's
+ * receive completions 1 and 2. The caller destroys c.qp. */
+Side interleaved(Pair &p)
 {
-	Options o;
-	Pair p(o);
 	p.connect();
-	/* b's CQ gets b's receive completions and (shared CQ) nothing else:
-	 * use a's CQ, which holds a's send completions, and a third QP's. */
 	REQUIRE(Pair::post_recv(p.b, 1, 0, 64) == 0);
 	REQUIRE(Pair::post_recv(p.b, 2, 64, 64) == 0);
 	REQUIRE(post_send(p.a, IBV_WR_SEND, 10) == 0);
-	/* A second QP on a's CQ, its send completions interleaved. */
 	Side c;
 	c.cq = p.a.cq;
 	struct ibv_qp_init_attr ia{};
@@ -48,15 +43,47 @@ TEST_CASE("reset removes the QP's unpolled completions from its CQ, others stay 
 	REQUIRE(post_send(c, IBV_WR_SEND, 20) == 0);
 	REQUIRE(post_send(p.a, IBV_WR_SEND, 11) == 0); /* RNR-free: b had 2 recvs, c used one */
 	std::this_thread::sleep_for(std::chrono::milliseconds(20));
+	return c;
+}
 
-	struct ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_RESET;
-	REQUIRE(ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE) == 0);
+/* The one completion left in a's CQ is c's. */
+void only_c_left(Pair &p, Side &c)
+{
 	struct ibv_wc wc{};
 	REQUIRE(Pair::wait_wc(p.a, wc));
 	CHECK(wc.wr_id == 20);
 	CHECK(wc.qp_num == c.qp->qp_num);
 	CHECK(Pair::quiet(p.a));
+}
+
+} // namespace
+
+TEST_CASE("reset removes the QP's unpolled completions from its CQ, others stay in order",
+	  "[robust]")
+{
+	Pair p;
+	Side c = interleaved(p);
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RESET;
+	REQUIRE(ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE) == 0);
+	only_c_left(p, c);
+	ibv_destroy_qp(c.qp);
+}
+
+/* libmlx5's destroy_qp cleans both CQs of the QP's completions too: an
+ * application that polls after destroying a QP never sees its number. */
+TEST_CASE("destroy removes the QP's unpolled completions from its CQs, others stay in order",
+	  "[robust]")
+{
+	Pair p;
+	Side c = interleaved(p);
+	REQUIRE(ibv_destroy_qp(p.a.qp) == 0);
+	p.a.qp = nullptr;
+	only_c_left(p, c);
+	/* Receive completions: b's CQ held 1 and 2. */
+	REQUIRE(ibv_destroy_qp(p.b.qp) == 0);
+	p.b.qp = nullptr;
+	CHECK(Pair::quiet(p.b));
 	ibv_destroy_qp(c.qp);
 }
 
