@@ -42,6 +42,7 @@ struct Options {
 	uint32_t max_send_sge = 2;
 	uint32_t max_inline = 64;
 	int cqe = 64;
+	bool sq_sig_all = false;
 };
 
 struct Pair {
@@ -76,6 +77,7 @@ struct Pair {
 		a.send_cq = s.cq;
 		a.recv_cq = s.cq;
 		a.qp_type = opt.type;
+		a.sq_sig_all = opt.sq_sig_all;
 		a.cap.max_send_wr = opt.max_send_wr;
 		a.cap.max_recv_wr = 16;
 		a.cap.max_send_sge = opt.max_send_sge;

@@ -853,6 +853,86 @@ TEST_CASE("fast path: inline WRITEs over the limit after a stream of them", "[fa
  * own (lib/ud.cpp direct_ud). Every section streams good messages, then
  * changes one thing; what the general way does with it must still happen.
  */
+/*
+ * A QP created with sq_sig_all completes every WR, whatever its
+ * IBV_SEND_SIGNALED: the direct ways a stream of WRs takes after the first
+ * (RC WRITE and SEND, through ibv_post_send and the builders; UD SEND)
+ * must say so too.
+ */
+TEST_CASE("fast path: a QP with sq_sig_all completes unsignaled WRs on every path",
+	  "[fastpath][sigall]")
+{
+	const enum ibv_qp_type type = GENERATE(IBV_QPT_RC, IBV_QPT_UD);
+	const bool inl = GENERATE(false, true);
+	CAPTURE(type, inl);
+	Options o;
+	o.type = type;
+	o.sq_sig_all = true;
+	if (type == IBV_QPT_RC)
+		o.send_ops |= IBV_QP_EX_WITH_RDMA_WRITE;
+	Pair p(o);
+	p.connect();
+	struct ibv_ah *ah = nullptr;
+	if (type == IBV_QPT_UD) {
+		struct ibv_ah_attr aa{};
+		aa.dlid = p.lid;
+		aa.port_num = 1;
+		ah = ibv_create_ah(p.pd, &aa);
+		REQUIRE(ah);
+	}
+	const unsigned flags = inl ? IBV_SEND_INLINE : 0; /* never IBV_SEND_SIGNALED */
+	const struct ibv_sge sge = {p.a.addr(0), 8, p.a.mr->lkey};
+	struct ibv_wc wc{};
+	auto completed = [&](uint64_t wr_id, enum ibv_wc_opcode op) {
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == wr_id);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.opcode == op);
+	};
+	for (uint64_t i = 0; i < 4; i++) {
+		REQUIRE(Pair::post_recv(p.b, 50 + i, 512 + 64 * i, 64) == 0);
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		struct ibv_sge s = sge;
+		wr.wr_id = 10 + i;
+		wr.opcode = IBV_WR_SEND;
+		wr.send_flags = flags;
+		wr.sg_list = &s;
+		wr.num_sge = 1;
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = p.b.qp->qp_num;
+		wr.wr.ud.remote_qkey = 0x1234;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		completed(10 + i, IBV_WC_SEND);
+		REQUIRE(Pair::wait_wc(p.b, wc));
+		CHECK(wc.wr_id == 50 + i);
+	}
+	if (type == IBV_QPT_RC) {
+		for (uint64_t i = 0; i < 4; i++) {
+			const bool ex = i % 2;
+			REQUIRE(post_write(p.a, ex, 20 + i, sge, p.b.mr->rkey, p.b.addr(64), flags) == 0);
+			completed(20 + i, IBV_WC_RDMA_WRITE);
+		}
+		for (uint64_t i = 0; i < 2; i++) {
+			REQUIRE(Pair::post_recv(p.b, 60 + i, 1024 + 64 * i, 64) == 0);
+			ibv_wr_start(p.a.qpx);
+			p.a.qpx->wr_id = 30 + i;
+			p.a.qpx->wr_flags = flags;
+			ibv_wr_send(p.a.qpx);
+			if (inl)
+				ibv_wr_set_inline_data(p.a.qpx, p.a.at(0), 8);
+			else
+				ibv_wr_set_sge(p.a.qpx, sge.lkey, sge.addr, sge.length);
+			REQUIRE(ibv_wr_complete(p.a.qpx) == 0);
+			completed(30 + i, IBV_WC_SEND);
+			REQUIRE(Pair::wait_wc(p.b, wc));
+			CHECK(wc.wr_id == 60 + i);
+		}
+	}
+	CHECK(Pair::quiet(p.a));
+	if (ah)
+		ibv_destroy_ah(ah);
+}
+
 TEST_CASE("fast path: UD SENDs after a stream of them keep every check", "[fastpath][ud]")
 {
 	const bool inl = GENERATE(false, true);
