@@ -514,8 +514,11 @@ bool takes_messages(uint32_t st)
 	m.imm_data = wr.imm_data;
 	ud_deliver(t, m, true);
 	local_refs_.end_wr();
-	if ((wr.send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all)
-		complete_send(wr.wr_id, wr.send_flags, wr.opcode, IBV_WC_SUCCESS, s.length);
+	/* complete_send()'s work, inline here (a SEND, with or without
+	 * immediate, completes as IBV_WC_SEND). */
+	if (((wr.send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all) && send_cq_)
+		deliver_send_completion(*send_cq_, wr.wr_id, IBV_WC_SUCCESS, IBV_WC_SEND, qpn_,
+					s.length);
 	return true;
 }
 
