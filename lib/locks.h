@@ -22,8 +22,9 @@ namespace shmverbs {
  * with the builders, per batch); a locked instruction also waits for the
  * stores before it (the payload, the completion) to drain, so the plain
  * store on unlock matters: the QP's SQ lock as a futex mutex, whose unlock
- * is an exchange, cost 7-9 ns more per post + poll (queue-bench, RC WRITE
- * signaled each, 6 interleaved runs). libmlx5 takes a spinlock there too.
+ * is an exchange, cost 2-9 ns more per post + poll (queue-bench, 6
+ * interleaved runs: RC WRITE signaled each 44 -> 35 ns, UD SEND every 16th
+ * 44 -> 36). libmlx5 takes a spinlock there too.
  * The critical sections are short but for a large copy, a lookup at the
  * broker or one bounded wait (flush() waiting for senders into an SRQ QP,
  * 100 ms at most), and the batch lock is held by the application between
