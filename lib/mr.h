@@ -179,7 +179,7 @@ public:
 	 * process's (a KeyRef inherited by a forked child). */
 	void forget() { slot_ = nullptr; }
 	/* Whether the held slot still publishes `key` (not withdrawn). */
-	bool names(uint32_t key) const
+	[[gnu::always_inline]] bool names(uint32_t key) const
 	{
 		return slot_ && slot_->key.load(std::memory_order_relaxed) == key;
 	}
