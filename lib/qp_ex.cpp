@@ -53,7 +53,7 @@ void latch(QpExBatch &b, int err)
 }
 
 /* Starts a WR of `opcode`; nullptr (error latched) when it cannot. */
-SendWr *begin(struct ibv_qp_ex *q, enum ibv_wr_opcode opcode)
+[[gnu::always_inline]] inline SendWr *begin(struct ibv_qp_ex *q, enum ibv_wr_opcode opcode)
 {
 	QpExBatch *b = batch_of(q);
 	if (!b)
