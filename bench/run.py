@@ -231,6 +231,12 @@ def ucx_iters(test, size, smoke):
     return max(100, min(200000, (256 * MiB) // size))
 
 
+# ucx_perftest's UCT-level tests, the ones issue 4 names (put_lat, put_bw,
+# am_bw with the short data layout), run on the posix transport itself;
+# the UCP-level ones (tag_lat, tag_bw, ucp_*) pick it through UCX_TLS.
+UCT_TESTS = {"put_lat": [], "put_bw": [], "am_bw": ["-D", "short"]}
+
+
 def case_ucx(env, test, size, pins=None, iters=None, name=None):
     if not shutil.which("ucx_perftest"):
         raise CaseError("skip: ucx_perftest is not installed (ucx-utils)")
@@ -240,6 +246,8 @@ def case_ucx(env, test, size, pins=None, iters=None, name=None):
     server = server_pin + ["ucx_perftest", "-p", port]
     client = client_pin + ["ucx_perftest", "localhost", "-p", port, "-t", test, "-s", str(size),
                           "-n", str(iters or ucx_iters(test, size, env.smoke))]
+    if test in UCT_TESTS:
+        client += ["-x", "posix", "-d", "memory"] + UCT_TESTS[test]
     out, _ = run_pair(server, client, e)
     m = re.search(r"^Final:\s+(.*)$", out, re.M)
     if not m:
@@ -320,19 +328,20 @@ def build_cases(env):
         add("shmverbs", f"{t} 8 B --post_list 16",
             lambda t=t: case_perftest(env, t, 8, ("--post_list", "16"), name=f"{t}/8/post_list16"))
     for size in lat_sizes:
-        for t in ("ucp_put_lat", "tag_lat"):
+        for t in ("put_lat", "tag_lat"):
             add("ucx", f"{t} {size_label(size)}", lambda t=t, s=size: case_ucx(env, t, s))
     for size in bw_sizes:
-        for t in ("ucp_put_bw", "tag_bw"):
+        for t in ("put_bw", "tag_bw"):
             add("ucx", f"{t} {size_label(size)}", lambda t=t, s=size: case_ucx(env, t, s))
+    add("ucx", "am_bw 8 B short", lambda: case_ucx(env, "am_bw", 8))
     add("ucx", "ucp_am_bw 8 B", lambda: case_ucx(env, "ucp_am_bw", 8))
     # Sender and receiver on one CPU: each runs only in the other's gaps.
     # UCX then manages some 10^4 messages/s: few iterations.
     add("oversubscribed", "ib_send_bw 8 B, both on one CPU",
         lambda: case_perftest(env, "ib_send_bw", 8, name="ib_send_bw/8/one_cpu", pins=one_cpu()))
-    add("oversubscribed", "ucp_am_bw 8 B, both on one CPU",
-        lambda: case_ucx(env, "ucp_am_bw", 8, pins=one_cpu(), iters=100 if smoke else 2000,
-                         name="ucp_am_bw/8/one_cpu"))
+    add("oversubscribed", "am_bw 8 B short, both on one CPU",
+        lambda: case_ucx(env, "am_bw", 8, pins=one_cpu(), iters=100 if smoke else 2000,
+                         name="am_bw/8/one_cpu"))
     for size in fi_sizes:
         add("libfabric", f"fi_pingpong {size_label(size)}", lambda s=size: case_fabric(env, s))
     for path in ("cma", "bounce"):
@@ -366,30 +375,30 @@ def comparisons(sizes):
     for s in sizes["lat"]:
         t = (lambda f: f if s == 8 else None)
         add(f"ib_write_lat {size_label(s)} vs UCX put_lat", (S, f"ib_write_lat/{s}"),
-            (U, f"ucp_put_lat/{s}"), "lower", t(2))
+            (U, f"put_lat/{s}"), "lower", t(2))
         add(f"ib_send_lat {size_label(s)} vs UCX tag_lat", (S, f"ib_send_lat/{s}"),
             (U, f"tag_lat/{s}"), "lower", t(1))
         if s in sizes["fi"]:
             add(f"ib_send_lat {size_label(s)} vs libfabric shm", (S, f"ib_send_lat/{s}"),
                 (F, f"fi_pingpong/{s}"), "lower", t(0.5))
         add(f"ib_read_lat {size_label(s)} vs UCX put_lat", (S, f"ib_read_lat/{s}"),
-            (U, f"ucp_put_lat/{s}"), "lower", t(2))
-    add("ib_atomic_lat 8 B vs UCX put_lat", (S, "ib_atomic_lat/8"), (U, "ucp_put_lat/8"),
+            (U, f"put_lat/{s}"), "lower", t(2))
+    add("ib_atomic_lat 8 B vs UCX put_lat", (S, "ib_atomic_lat/8"), (U, "put_lat/8"),
         "lower", 2)
     add("ib_write_lat 8 B vs ping-pong floor", (S, "ib_write_lat/8"), (R, "pingpong_halfrtt"),
         "lower", None)
-    add("UCX put_lat 8 B vs ping-pong floor", (U, "ucp_put_lat/8"), (R, "pingpong_halfrtt"),
+    add("UCX put_lat 8 B vs ping-pong floor", (U, "put_lat/8"), (R, "pingpong_halfrtt"),
         "lower", None)
     for s in sizes["bw"]:
         t = (lambda f: f if s == MiB else None)
         for test in ("ib_write_bw", "ib_read_bw"):
             add(f"{test} {size_label(s)} vs UCX put_bw", (S, f"{test}/{s}"),
-                (U, f"ucp_put_bw/{s}"), "higher", t(0.8))
+                (U, f"put_bw/{s}"), "higher", t(0.8))
             if s in sizes["fi"]:
                 add(f"{test} {size_label(s)} vs libfabric shm", (S, f"{test}/{s}"),
                     (F, f"fi_pingpong/{s}/bw"), "higher", t(3))
         add(f"ib_send_bw {size_label(s)} vs UCX put_bw", (S, f"ib_send_bw/{s}"),
-            (U, f"ucp_put_bw/{s}"), "higher", t(0.7))
+            (U, f"put_bw/{s}"), "higher", t(0.7))
         add(f"ib_send_bw {size_label(s)} vs UCX tag_bw", (S, f"ib_send_bw/{s}"),
             (U, f"tag_bw/{s}"), "higher", None)
         add(f"ib_write_bw {size_label(s)} vs memcpy hot", (S, f"ib_write_bw/{s}"),
@@ -400,12 +409,14 @@ def comparisons(sizes):
         (U, "tag_bw/8/rate"), "higher", 1)
     add("ib_write_bw 8 B --post_list 16 msg rate vs UCX tag_bw",
         (S, "ib_write_bw/8/post_list16/rate"), (U, "tag_bw/8/rate"), "higher", None)
-    add("ib_send_bw 8 B msg rate vs UCX am_bw", (S, "ib_send_bw/8/rate"),
-        (U, "ucp_am_bw/8/rate"), "higher", 1)
-    add("ib_send_bw 8 B --post_list 16 msg rate vs UCX am_bw",
-        (S, "ib_send_bw/8/post_list16/rate"), (U, "ucp_am_bw/8/rate"), "higher", None)
-    add("ib_send_bw 8 B msg rate, both on one CPU, vs UCX am_bw the same",
-        ("oversubscribed", "ib_send_bw/8/one_cpu/rate"), ("oversubscribed", "ucp_am_bw/8/one_cpu/rate"),
+    add("ib_send_bw 8 B msg rate vs UCX am_bw short", (S, "ib_send_bw/8/rate"),
+        (U, "am_bw/8/rate"), "higher", 1)
+    add("ib_send_bw 8 B --post_list 16 msg rate vs UCX am_bw short",
+        (S, "ib_send_bw/8/post_list16/rate"), (U, "am_bw/8/rate"), "higher", None)
+    add("ib_send_bw 8 B msg rate vs UCX ucp_am_bw (UCP layer)", (S, "ib_send_bw/8/rate"),
+        (U, "ucp_am_bw/8/rate"), "higher", None)
+    add("ib_send_bw 8 B msg rate, both on one CPU, vs UCX am_bw short the same",
+        ("oversubscribed", "ib_send_bw/8/one_cpu/rate"), ("oversubscribed", "am_bw/8/one_cpu/rate"),
         "higher", None)
     for p in ("cma", "bounce"):
         add(f"ib_write_lat 8 B {p} vs libfabric shm no CMA", (B, f"ib_write_lat/8/{p}"),
@@ -580,13 +591,13 @@ def plot(outdir, agg, sizes):
     lat = [("shmverbs ib_write_lat", series("shmverbs", "ib_write_lat/{}", sizes["lat"])),
            ("shmverbs ib_send_lat", series("shmverbs", "ib_send_lat/{}", sizes["lat"])),
            ("shmverbs ib_read_lat", series("shmverbs", "ib_read_lat/{}", sizes["lat"])),
-           ("UCX ucp_put_lat", series("ucx", "ucp_put_lat/{}", sizes["lat"])),
+           ("UCX put_lat", series("ucx", "put_lat/{}", sizes["lat"])),
            ("UCX tag_lat", series("ucx", "tag_lat/{}", sizes["lat"])),
            ("libfabric shm fi_pingpong", series("libfabric", "fi_pingpong/{}", sizes["fi"]))]
     bw = [("shmverbs ib_write_bw", series("shmverbs", "ib_write_bw/{}", sizes["bw"])),
           ("shmverbs ib_read_bw", series("shmverbs", "ib_read_bw/{}", sizes["bw"])),
           ("shmverbs ib_send_bw", series("shmverbs", "ib_send_bw/{}", sizes["bw"])),
-          ("UCX ucp_put_bw", series("ucx", "ucp_put_bw/{}", sizes["bw"])),
+          ("UCX put_bw", series("ucx", "put_bw/{}", sizes["bw"])),
           ("UCX tag_bw", series("ucx", "tag_bw/{}", sizes["bw"])),
           ("libfabric shm fi_pingpong", series("libfabric", "fi_pingpong/{}/bw", sizes["fi"])),
           ("memcpy hot", series("ref", "memcpy_hot_{}", sizes["bw"])),
