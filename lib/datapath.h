@@ -77,6 +77,18 @@ public:
 		}
 		append_slow(&v, 1);
 	}
+	/* A new last element for the caller to fill in place. Filling a
+	 * temporary and push_back()ing it costs a store-forwarding stall:
+	 * the copy reads the temporary in one wide load before its narrower
+	 * stores have left the store buffer. */
+	T &emplace_back()
+	{
+		if (size_ < N && heap_.empty()) [[likely]]
+			return local_[size_++];
+		const T blank{};
+		append_slow(&blank, 1);
+		return data()[size_ - 1];
+	}
 	void assign(const T *first, const T *last)
 	{
 		size_ = 0;

@@ -213,8 +213,12 @@ void wr_set_sge(struct ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t leng
 		return;
 	w->sge.clear();
 	w->inline_data.clear();
-	if (length) /* an empty SGE adds nothing, as in libmlx5 */
-		w->sge.push_back({addr, length, lkey});
+	if (length) { /* an empty SGE adds nothing, as in libmlx5 */
+		struct ibv_sge &s = w->sge.emplace_back();
+		s.addr = addr;
+		s.length = length;
+		s.lkey = lkey;
+	}
 }
 
 void wr_set_sge_list(struct ibv_qp_ex *q, size_t num_sge, const struct ibv_sge *sg_list)

@@ -310,6 +310,47 @@ TEST_CASE("qp_ex: a WR built in a later batch carries nothing of an earlier one"
 	CHECK(b.at(512)[0] == 0);
 }
 
+TEST_CASE("qp_ex: wr_set_sge after a batch whose WR held more SGEs than fit in place",
+	  "[qpex]")
+{
+	/* A batch's WRs are reused: the first held 6 SGEs (more than a WR
+	 * keeps in place, so they went to its heap), the next WR in that
+	 * slot takes one SGE from wr_set_sge, which must be the only one. */
+	Options o = rc_options();
+	o.max_send_sge = 8;
+	Pair p(o);
+	p.connect();
+	Side &a = p.a, &b = p.b;
+	struct ibv_qp_ex *q = a.qpx;
+	std::memcpy(a.at(0), "six-pieces-of-four-bytes", 24);
+	std::memcpy(a.at(64), "one-sge!", 8);
+	struct ibv_sge six[6];
+	for (int i = 0; i < 6; i++)
+		six[i] = {a.addr(size_t(4 * i)), 4, a.mr->lkey};
+	auto complete = [&](uint64_t wr_id) {
+		REQUIRE(ibv_wr_complete(q) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(a, wc));
+		CHECK(wc.wr_id == wr_id);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+	};
+	ibv_wr_start(q);
+	q->wr_id = 1;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(q, b.mr->rkey, b.addr(0));
+	ibv_wr_set_sge_list(q, 6, six);
+	complete(1);
+	ibv_wr_start(q);
+	q->wr_id = 2;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(q, b.mr->rkey, b.addr(128));
+	ibv_wr_set_sge(q, a.mr->lkey, a.addr(64), 8);
+	complete(2);
+	CHECK(std::memcmp(b.at(0), "six-pieces-of-four-bytes", 24) == 0);
+	CHECK(std::memcmp(b.at(128), "one-sge!", 8) == 0);
+	CHECK(b.at(136)[0] == 0);
+}
+
 TEST_CASE("qp_ex: wr_abort discards the batch", "[qpex]")
 {
 	Pair p(rc_options());
