@@ -5,6 +5,7 @@
 #pragma once
 
 #include "context.h"
+#include "locks.h"
 #include "pd.h"
 #include "shm_layout.h"
 
@@ -105,16 +106,13 @@ struct RqHeadSeen {
 
 enum class CqArm : uint8_t { None, Solicited, Next };
 
-/* This thread's identity for PollLock (its address; initial-exec: one
- * %fs-relative lea, no __tls_get_addr). */
-extern thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
-
 /*
  * A CQ's consumer lock: serialises the threads that poll one CQ (ibv_poll_cq,
  * a start_poll..end_poll batch, cq_clean, resize_cq), recursive for the
  * thread that holds it. Uncontended, lock and unlock cost one locked
  * instruction in all (the CAS that takes it; unlock is a plain store),
- * against two for std::recursive_mutex.
+ * against two for std::recursive_mutex, and none for the thread the lock is
+ * biased to (lib/locks.h LockBias: the one that keeps polling alone).
  * A waiter spins briefly and then sleeps on the word (futex), announcing
  * itself by setting it to `contended`; the unlock that finds `contended`
  * wakes one. An unlock that read `held` just before a waiter's announcement
@@ -124,26 +122,30 @@ extern thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_th
  */
 class PollLock {
 public:
-	void lock()
+	[[gnu::always_inline]] void lock()
 	{
-		const void *me = &poll_lock_thread_tag;
-		if (owner_.load(std::memory_order_relaxed) == me) {
+		const void *me = this_thread_tag();
+		if (holder_.load(std::memory_order_relaxed) == me) {
 			depth_++;
 			return;
 		}
-		uint32_t expected = free_;
-		if (!word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
-						   std::memory_order_relaxed)) [[unlikely]]
-			lock_contended();
-		owner_.store(me, std::memory_order_relaxed);
+		if (bias_.enter(me)) [[likely]]
+			biased_ = true;
+		else
+			lock_word(me);
+		holder_.store(me, std::memory_order_relaxed);
 	}
-	void unlock()
+	[[gnu::always_inline]] void unlock()
 	{
 		if (depth_) {
 			depth_--;
 			return;
 		}
-		owner_.store(nullptr, std::memory_order_relaxed);
+		holder_.store(nullptr, std::memory_order_relaxed);
+		if (biased_) {
+			bias_.leave();
+			return;
+		}
 		/* Only a waiter changes the word while we hold it (held ->
 		 * contended): a plain store releases it when none has announced
 		 * itself. One that does so between this load and the store
@@ -153,9 +155,12 @@ public:
 		else
 			unlock_contended();
 	}
+	bool biased_to_this_thread() const { return bias_.biased_to(this_thread_tag()); }
 
 private:
 	static constexpr uint32_t free_ = 0, held_ = 1, contended_ = 2;
+	/* The word (out of line, lib/cq.cpp): taken, then the bias settled. */
+	void lock_word(const void *me);
 	void lock_contended();
 	void unlock_contended();
 
@@ -163,8 +168,10 @@ private:
 	/* The holder's thread (a per-thread address), for recursion: only the
 	 * holder ever stores its own identity here, so reading it back means
 	 * the reader holds the lock. */
-	std::atomic<const void *> owner_{nullptr};
+	std::atomic<const void *> holder_{nullptr};
 	uint32_t depth_ = 0; /* nested lock() calls of the holder */
+	bool biased_ = false; /* held through the bias (the holder's) */
+	LockBias bias_;
 };
 
 struct Cq {
