@@ -417,6 +417,13 @@ bool disarm(shm::CqRing &ring, bool solicited)
 	return true;
 }
 
+void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
 /*
  * Before ibv_get_cq_event() hands out an event: waits while the oldest
  * completion's slot is claimed by a producer that has not published it.
@@ -443,7 +450,7 @@ void wait_head_published(const Cq &cq)
 		    (st & shm::cq_slot_tag_mask) != tag || ring.cons.load(std::memory_order_relaxed) != c)
 			return;
 		if (round < 64) {
-			cpu_pause();
+			cpu_relax();
 			continue;
 		}
 		if (claim_abandoned(ring, c, uint32_t(st & shm::cq_slot_pid_mask)) ||
@@ -587,22 +594,14 @@ void install_poll_ops(struct ibv_cq_ex &ex, uint64_t wc_flags)
 
 /* --- The consumer lock --- */
 
-void PollLock::lock_word(const void *me)
-{
-	uint32_t expected = free_;
-	if (!word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
-					   std::memory_order_relaxed))
-		lock_contended();
-	bias_.settle(me);
-	biased_ = false;
-}
+thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
 
 void PollLock::lock_contended()
 {
 	/* A poll holds the lock for tens of nanoseconds: spin a little first
 	 * (a batch or a resize may hold it much longer). */
 	for (int i = 0; i < 200; i++) {
-		cpu_pause();
+		cpu_relax();
 		uint32_t expected = free_;
 		if (word_.load(std::memory_order_relaxed) == free_ &&
 		    word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,

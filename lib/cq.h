@@ -5,7 +5,6 @@
 #pragma once
 
 #include "context.h"
-#include "locks.h"
 #include "pd.h"
 #include "shm_layout.h"
 
@@ -106,13 +105,16 @@ struct RqHeadSeen {
 
 enum class CqArm : uint8_t { None, Solicited, Next };
 
+/* This thread's identity for PollLock (its address; initial-exec: one
+ * %fs-relative lea, no __tls_get_addr). */
+extern thread_local __attribute__((tls_model("initial-exec"))) char poll_lock_thread_tag;
+
 /*
  * A CQ's consumer lock: serialises the threads that poll one CQ (ibv_poll_cq,
  * a start_poll..end_poll batch, cq_clean, resize_cq), recursive for the
  * thread that holds it. Uncontended, lock and unlock cost one locked
  * instruction in all (the CAS that takes it; unlock is a plain store),
- * against two for std::recursive_mutex, and none for the thread the lock is
- * biased to (lib/locks.h LockBias: the one that keeps polling alone).
+ * against two for std::recursive_mutex.
  * A waiter spins briefly and then sleeps on the word (futex), announcing
  * itself by setting it to `contended`; the unlock that finds `contended`
  * wakes one. An unlock that read `held` just before a waiter's announcement
@@ -122,30 +124,26 @@ enum class CqArm : uint8_t { None, Solicited, Next };
  */
 class PollLock {
 public:
-	[[gnu::always_inline]] void lock()
+	void lock()
 	{
-		const void *me = this_thread_tag();
-		if (holder_.load(std::memory_order_relaxed) == me) {
+		const void *me = &poll_lock_thread_tag;
+		if (owner_.load(std::memory_order_relaxed) == me) {
 			depth_++;
 			return;
 		}
-		if (bias_.enter(me)) [[likely]]
-			biased_ = true;
-		else
-			lock_word(me);
-		holder_.store(me, std::memory_order_relaxed);
+		uint32_t expected = free_;
+		if (!word_.compare_exchange_strong(expected, held_, std::memory_order_acquire,
+						   std::memory_order_relaxed)) [[unlikely]]
+			lock_contended();
+		owner_.store(me, std::memory_order_relaxed);
 	}
-	[[gnu::always_inline]] void unlock()
+	void unlock()
 	{
 		if (depth_) {
 			depth_--;
 			return;
 		}
-		holder_.store(nullptr, std::memory_order_relaxed);
-		if (biased_) {
-			bias_.leave();
-			return;
-		}
+		owner_.store(nullptr, std::memory_order_relaxed);
 		/* Only a waiter changes the word while we hold it (held ->
 		 * contended): a plain store releases it when none has announced
 		 * itself. One that does so between this load and the store
@@ -155,12 +153,9 @@ public:
 		else
 			unlock_contended();
 	}
-	bool biased_to_this_thread() const { return bias_.biased_to(this_thread_tag()); }
 
 private:
 	static constexpr uint32_t free_ = 0, held_ = 1, contended_ = 2;
-	/* The word (out of line, lib/cq.cpp): taken, then the bias settled. */
-	void lock_word(const void *me);
 	void lock_contended();
 	void unlock_contended();
 
@@ -168,10 +163,8 @@ private:
 	/* The holder's thread (a per-thread address), for recursion: only the
 	 * holder ever stores its own identity here, so reading it back means
 	 * the reader holds the lock. */
-	std::atomic<const void *> holder_{nullptr};
+	std::atomic<const void *> owner_{nullptr};
 	uint32_t depth_ = 0; /* nested lock() calls of the holder */
-	bool biased_ = false; /* held through the bias (the holder's) */
-	LockBias bias_;
 };
 
 struct Cq {
