@@ -501,6 +501,16 @@ def evaluate(comps, agg):
             ref_med = ref["median"] if ref else None
             ref_name = f"{c['ref'][0]} {c['ref'][1]}"
         ratio = statistics.median(ratios) if ratios else None
+        # Each stack's fastest repetition against the other's: UCX and this
+        # VM switch between a fast and a slow mode within one run, and the
+        # median of the per-repetition ratios follows whichever mode most
+        # repetitions caught. Shown beside the verdict, not used for it.
+        best = None
+        if ours and ref and c["ref"] is not None:
+            pick = min if c["kind"] == "lower" else max
+            ref_best = pick(ref["values"].values())
+            if ref_best > 0:
+                best = pick(ours["values"].values()) / ref_best
         met = None
         if c["target"] is not None and ratio is not None:
             met = ratio <= c["target"] if c["kind"] == "lower" else ratio >= c["target"]
@@ -511,7 +521,8 @@ def evaluate(comps, agg):
                          reference=ref_name, unit=ours["unit"] if ours else None,
                          value=ours["median"] if ours else None, ref_value=ref_med,
                          ratio=ratio, ratio_min=min(ratios) if ratios else None,
-                         ratio_max=max(ratios) if ratios else None, target=target, met=met))
+                         ratio_max=max(ratios) if ratios else None, ratio_best=best,
+                         target=target, met=met))
     return rows
 
 
@@ -545,8 +556,8 @@ def markdown(info, agg, rows, failures, opts, elapsed, expected_missing):
                f"{' '.join(f'{x:.2f}' for x in info['loadavg_end'])} |\n")
     def table(title, subset):
         out.append(title + "\n")
-        out.append("| comparison | shmverbs | reference | unit | ratio | target | |")
-        out.append("|---|---:|---:|---|---|---|---|")
+        out.append("| comparison | shmverbs | reference | unit | ratio | best vs best | target | |")
+        out.append("|---|---:|---:|---|---|---:|---|---|")
         for r in subset:
             ratio = "-" if r["ratio"] is None else \
                 f"{fmt(r['ratio'])} ({fmt(r['ratio_min'])}-{fmt(r['ratio_max'])})"
@@ -556,10 +567,12 @@ def markdown(info, agg, rows, failures, opts, elapsed, expected_missing):
             if r["target"] and r["ratio"] is None and r["met"] is None:
                 mark = "**no data**"
             out.append(f"| {r['label']} | {fmt(r['value'])} | {fmt(r['ref_value'])} | "
-                       f"{r['unit'] or '-'} | {ratio} | {r['target'] or ''} | {mark} |")
+                       f"{r['unit'] or '-'} | {ratio} | {fmt(r.get('ratio_best'))} | "
+                       f"{r['target'] or ''} | {mark} |")
 
     table("## The targets of issue 4 (medians; ratio = median of the per-repetition ratios, "
-          "min-max in brackets)", [r for r in rows if r["target"]])
+          "min-max in brackets, which judges the target; best vs best = each stack's fastest "
+          "repetition against the other's)", [r for r in rows if r["target"]])
     table("\n## Every comparison", rows)
     out.append("\n## Every measurement (min / median / max over the repetitions)\n")
     out.append("| group | measurement | unit | min | median | max | runs |")
