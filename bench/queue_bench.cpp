@@ -83,11 +83,6 @@ void emit(const std::string &name, double value, const char *unit, const char *r
 	std::fflush(stdout);
 }
 
-double median3(double a, double b, double c)
-{
-	return std::max(std::min(a, b), std::min(std::max(a, b), c));
-}
-
 double median(std::vector<double> v)
 {
 	std::sort(v.begin(), v.end());
@@ -526,7 +521,7 @@ void bench_empty_poll(Dev &d)
 				die("empty ring gave a completion", EIO);
 		r[k] = (now_ns() - t0) / count;
 	}
-	emit("poll_cq_empty", median3(v[0], v[1], v[2]), "ns", "plain ring", median3(r[0], r[1], r[2]));
+	emit("poll_cq_empty", median({v[0], v[1], v[2]}), "ns", "plain ring", median({r[0], r[1], r[2]}));
 	ibv_destroy_cq(cq);
 }
 
@@ -626,9 +621,9 @@ void bench_cq_ex(Dev &d)
 		x[k] = tx / (fills * per_fill);
 		r[k] = tr / (fills * per_fill);
 	}
-	double ring = median3(r[0], r[1], r[2]);
-	emit("drain_poll_cq", median3(v[0], v[1], v[2]), "ns/CQE", "plain ring", ring);
-	emit("drain_cq_ex", median3(x[0], x[1], x[2]), "ns/CQE", "plain ring", ring);
+	double ring = median({r[0], r[1], r[2]});
+	emit("drain_poll_cq", median({v[0], v[1], v[2]}), "ns/CQE", "plain ring", ring);
+	emit("drain_cq_ex", median({x[0], x[1], x[2]}), "ns/CQE", "plain ring", ring);
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	ibv_destroy_cq(cq);
