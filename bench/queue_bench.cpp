@@ -9,7 +9,10 @@
  *     (the engine takes the same path as across processes), RC RDMA WRITE
  *     and UD SEND of 8 bytes, inline or not, signaled every 1/16/64 WRs,
  *     posted one at a time or as post lists of 16; the UD target's receives
- *     are posted (and its completions drained) outside the timed part;
+ *     are posted (and its completions drained and checked) outside the
+ *     timed part, on both sides: the ring's UD SEND takes a receive WQE
+ *     (wr_id, address, length), checks the length and writes the receive
+ *     completion from it, the work a receive cannot skip;
  *   - an empty poll_cq;
  *   - draining completions with ibv_poll_cq and with the ibv_cq_ex iterator
  *     (ibv_start_poll / ibv_next_poll / ibv_end_poll);
@@ -107,9 +110,10 @@ struct RingCqe {
 	uint64_t wr_id;
 	uint32_t byte_len;
 	uint32_t qp_num;
+	uint32_t src_qp;
 	uint8_t opcode;
 	uint8_t status;
-	uint8_t pad[38];
+	uint8_t pad[34];
 };
 static_assert(sizeof(RingCqe) == 64, "one cache line per CQE");
 
@@ -118,14 +122,16 @@ struct RingCq {
 	uint64_t prod = 0, cons = 0;
 	explicit RingCq(size_t n) : slots(n) {}
 
-	void push(uint64_t wr_id, uint32_t len, uint8_t opcode)
+	void push(uint64_t wr_id, uint32_t len, uint8_t opcode, uint8_t status = IBV_WC_SUCCESS,
+		  uint32_t src_qp = 0)
 	{
 		RingCqe &c = slots[prod % slots.size()];
 		c.wr_id = wr_id;
 		c.byte_len = len;
 		c.qp_num = 1;
+		c.src_qp = src_qp;
 		c.opcode = opcode;
-		c.status = 0;
+		c.status = status;
 		c.seq.store(prod + 1, std::memory_order_release); /* pairs with poll's acquire */
 		prod++;
 	}
@@ -139,10 +145,11 @@ struct RingCq {
 				break;
 			wc[got] = {};
 			wc[got].wr_id = c.wr_id;
-			wc[got].status = IBV_WC_SUCCESS;
+			wc[got].status = ibv_wc_status(c.status);
 			wc[got].opcode = ibv_wc_opcode(c.opcode);
 			wc[got].byte_len = c.byte_len;
 			wc[got].qp_num = c.qp_num;
+			wc[got].src_qp = c.src_qp;
 			cons++;
 			got++;
 		}
@@ -150,28 +157,41 @@ struct RingCq {
 	}
 };
 
+/* A receive WQE of one SGE. */
+struct RingRecv {
+	uint64_t wr_id;
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+
 /* A send queue whose "hardware" is the posting thread itself, as in
  * shmverbs: post appends the WQEs, then executes them in order. `ud` also
- * consumes a receive WQE and writes a receive completion, as a SEND does. */
+ * takes the receive WQE at the head of the receive ring (none posted: the
+ * message is dropped, as UD does), places the 40-byte GRH area and the
+ * payload if they fit, and writes the receive completion with the WQE's
+ * wr_id, as a UD SEND does. */
 struct RingQp {
 	std::vector<RingWqe> sq;
 	std::atomic<uint64_t> tail{0}, head{0};
 	RingCq &cq;
 	RingCq *recv_cq;
-	std::vector<uint64_t> recv_addrs;
+	std::vector<RingRecv> rq;
 	uint64_t recv_head = 0, recv_tail = 0;
 	char *target;
 
 	RingQp(size_t depth, RingCq &c, RingCq *rc, char *t) : sq(depth), cq(c), recv_cq(rc), target(t)
 	{
 		if (rc)
-			recv_addrs.resize(4096);
+			rq.resize(4096);
 	}
 
-	void post_recv(uint64_t addr, int n)
+	void post_recv(uint64_t addr, uint32_t length, uint32_t lkey, int n)
 	{
-		for (int i = 0; i < n; i++)
-			recv_addrs[recv_tail++ % recv_addrs.size()] = addr;
+		for (int i = 0; i < n; i++) {
+			rq[recv_tail % rq.size()] = {recv_tail, addr, length, lkey};
+			recv_tail++;
+		}
 	}
 
 	int post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad)
@@ -206,9 +226,15 @@ struct RingQp {
 			const void *src = (w.flags & IBV_SEND_INLINE) ? static_cast<const void *>(w.inline_data)
 								       : reinterpret_cast<const void *>(w.local_addr);
 			if (recv_cq) {
-				uint64_t addr = recv_addrs[recv_head++ % recv_addrs.size()];
-				std::memcpy(reinterpret_cast<char *>(addr) + 40, src, w.length);
-				recv_cq->push(0, w.length, IBV_WC_RECV);
+				if (recv_head != recv_tail) {
+					const RingRecv &r = rq[recv_head++ % rq.size()];
+					const uint32_t len = w.length + 40;
+					const bool fits = len <= r.length;
+					if (fits)
+						std::memcpy(reinterpret_cast<char *>(r.addr) + 40, src, w.length);
+					recv_cq->push(r.wr_id, len, IBV_WC_RECV,
+						      fits ? IBV_WC_SUCCESS : IBV_WC_LOC_LEN_ERR, 1);
+				}
 			} else {
 				std::memcpy(target + (w.remote_addr & 63), src, w.length);
 			}
@@ -365,6 +391,25 @@ void reap(Poll poll, int want)
 	}
 }
 
+/* Takes every receive completion there is (untimed); any in error is a bug
+ * of the case, not a figure. */
+template <typename Poll>
+void drain_receives(Poll poll)
+{
+	struct ibv_wc wc[16];
+	int n;
+	while ((n = poll(16, wc)) > 0)
+		for (int i = 0; i < n; i++)
+			if (wc[i].status != IBV_WC_SUCCESS || wc[i].opcode != IBV_WC_RECV ||
+			    wc[i].byte_len != 48) {
+				std::fprintf(stderr, "queue-bench: receive completion %s, %u bytes\n",
+					     ibv_wc_status_str(wc[i].status), wc[i].byte_len);
+				std::exit(1);
+			}
+	if (n < 0)
+		die("poll_cq", EIO);
+}
+
 struct PostPollCase {
 	bool ud;
 	bool inl;
@@ -467,9 +512,7 @@ void bench_post_poll(Dev &d)
 		auto verbs_refill = [&](int n) {
 			if (!c.ud)
 				return;
-			struct ibv_wc wc[16];
-			while (ibv_poll_cq(rcq, 16, wc) > 0) {
-			}
+			drain_receives([&](int k, struct ibv_wc *wc) { return ibv_poll_cq(rcq, k, wc); });
 			d.post_recvs(b, n);
 		};
 		auto ring_post = [&](struct ibv_send_wr *w, struct ibv_send_wr **bad) {
@@ -479,10 +522,8 @@ void bench_post_poll(Dev &d)
 		auto ring_refill = [&](int n) {
 			if (!c.ud)
 				return;
-			struct ibv_wc wc[16];
-			while (ring_rcq.poll(16, wc) > 0) {
-			}
-			ring.post_recv(d.addr(4096), n);
+			drain_receives([&](int k, struct ibv_wc *wc) { return ring_rcq.poll(k, wc); });
+			ring.post_recv(d.addr(4096), 64, d.mr->lkey, n);
 		};
 
 		std::vector<double> v, r;
