@@ -435,6 +435,10 @@ void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
 	state_.store(to);
 	if (desc_)
 		desc_->state.store(to, std::memory_order_release);
+	/* SQE: the send queue stops and what it holds is flushed; receives
+	 * go on (senders still take our RQ: takes_messages()). */
+	if (to == IBV_QPS_SQE)
+		flush_sq_locked();
 }
 
 void QpEngine::reset()
@@ -477,13 +481,18 @@ void QpEngine::flush()
 	}
 }
 
-void QpEngine::flush_locked()
+void QpEngine::flush_sq_locked()
 {
 	while (!sq_.empty()) {
 		const SendWr &wr = sq_.front();
 		complete_send(wr.wr_id, wr.send_flags, wr.opcode, IBV_WC_WR_FLUSH_ERR, 0);
 		sq_.pop_front();
 	}
+}
+
+void QpEngine::flush_locked()
+{
+	flush_sq_locked();
 	if (rq_ && recv_cq_) {
 		PeerRq q{rq_, rq_entries_, rq_max_sge_, rq_stride_};
 		shm::RecvWqe wqe;
@@ -660,7 +669,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 			 * one SGE, so the checks below pass for what
 			 * direct_one() takes. */
 			if (in_mask(lane_ops_, op) && wr->num_sge == 1 && sq_.empty() && !fatal &&
-			    state_.load() != IBV_QPS_ERR && direct_one(*wr))
+			    sq_runs(state_.load()) && direct_one(*wr))
 				continue;
 			if (!in_mask(allowed_ops_, op) || wr->num_sge < 0 ||
 			    uint32_t(wr->num_sge) > caps.created.max_send_sge) {
@@ -673,7 +682,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				err = ENOMEM;
 				break;
 			}
-			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR) {
+			if (sq_.empty() && !fatal && sq_runs(state_.load())) {
 				if (Direct d = try_direct(*wr); d != Direct::NotTaken) {
 					fatal = d == Direct::Fatal;
 					continue;
@@ -694,17 +703,16 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 			queued = true;
 		}
 		list = keep_holds();
-		if (state_.load() == IBV_QPS_ERR)
-			flush_locked();
+		flush_if_halted();
 	}
 	if (list)
 		progress_hold(this);
 	if (err)
 		*bad_wr = wr;
 	if (fatal) {
-		/* RC: the QP enters ERR and flushes the rest; unreliable QPs
-		 * too (simplification of SQE). */
-		qp_async_error(qp_, IBV_QPS_ERR);
+		/* RC: the QP enters ERR and flushes the rest; UC and UD enter
+		 * SQE and flush the rest of the SQ. */
+		qp_async_error(qp_, send_error_state());
 	} else if (queued && progress()) {
 		progress_wait(this);
 	}
@@ -728,7 +736,7 @@ int QpEngine::submit(std::span<SendWr> batch)
 		if (!batch.empty() && in_mask(direct_ops_ & send_ops, batch[0].opcode))
 			prefetch_send_lines(); /* RC, UC */
 		for (SendWr &w : batch) {
-			if (sq_.empty() && !fatal && state_.load() != IBV_QPS_ERR) {
+			if (sq_.empty() && !fatal && sq_runs(state_.load())) {
 				if (direct_one(w))
 					continue;
 				if (Direct d = try_direct(w); d != Direct::NotTaken) {
@@ -745,13 +753,12 @@ int QpEngine::submit(std::span<SendWr> batch)
 			queued = true;
 		}
 		list = keep_holds();
-		if (state_.load() == IBV_QPS_ERR)
-			flush_locked();
+		flush_if_halted();
 	}
 	if (list)
 		progress_hold(this);
 	if (fatal)
-		qp_async_error(qp_, IBV_QPS_ERR);
+		qp_async_error(qp_, send_error_state());
 	else if (queued && progress())
 		progress_wait(this);
 	return 0;
@@ -937,8 +944,8 @@ bool QpEngine::progress()
 				return true; /* another thread is at it; come back */
 			if (sq_.empty())
 				return false;
-			if (state_.load() == IBV_QPS_ERR) {
-				flush_locked();
+			if (!sq_runs(state_.load())) {
+				flush_if_halted();
 				return false;
 			}
 			SendWr &wr = sq_.front();
@@ -963,9 +970,9 @@ bool QpEngine::progress()
 			fatal = o == Outcome::Fatal;
 		}
 		if (fatal) {
-			/* RC: the QP enters ERR and flushes the rest;
-			 * unreliable QPs too (simplification of SQE). */
-			qp_async_error(qp_, IBV_QPS_ERR);
+			/* RC: the QP enters ERR and flushes the rest; UC
+			 * and UD enter SQE and flush the rest of the SQ. */
+			qp_async_error(qp_, send_error_state());
 			return false;
 		}
 	}

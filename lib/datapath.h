@@ -521,7 +521,28 @@ private:
 	 * engine keeps, ud_target_). */
 	void ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key);
 	void produce_recv(UdTarget &t, const PlainCompletion &rc);
+	/* Completes every queued send WR with IBV_WC_WR_FLUSH_ERR, and with
+	 * the RQ too the posted receives (ERR; SQE keeps them). sq_lock_ held. */
+	void flush_sq_locked();
 	void flush_locked();
+	/* After posting (sq_lock_ held): ERR flushes both queues, SQE the SQ. */
+	void flush_if_halted()
+	{
+		const int st = state_.load();
+		if (st == IBV_QPS_ERR)
+			flush_locked();
+		else if (st == IBV_QPS_SQE)
+			flush_sq_locked();
+	}
+	/* Whether the SQ executes WRs in state `st`: not in ERR, nor in SQE
+	 * (an unreliable QP's send error; the RQ still receives). */
+	static bool sq_runs(int st) { return st != IBV_QPS_ERR && st != IBV_QPS_SQE; }
+	/* Where a fatal send error takes this QP: ERR for RC and XRC, SQE
+	 * for UC and UD (IBA 10.3.1; mlx5 moves an unreliable QP to SQE). */
+	enum ibv_qp_state send_error_state() const
+	{
+		return type_ == IBV_QPT_UC || type_ == IBV_QPT_UD ? IBV_QPS_SQE : IBV_QPS_ERR;
+	}
 	void snapshot_attr();
 	/* Takes target QP `t`'s in-flight count into held_ (sq_lock_ held),
 	 * letting go of what held_ had. */

@@ -778,6 +778,10 @@ bool qp_async_error(Qp &qp, enum ibv_qp_state to)
 	enum ibv_qp_state from = core.state();
 	if (from == IBV_QPS_RESET || (to != IBV_QPS_SQE && to != IBV_QPS_ERR))
 		return false;
+	/* A send error met on the way while the application moved the QP
+	 * to ERR: ERR stays (there is no way back from it but RESET). */
+	if (to == IBV_QPS_SQE && from == IBV_QPS_ERR)
+		return false;
 	enter_state(qp, from, to);
 	return true;
 }

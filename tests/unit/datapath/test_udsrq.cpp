@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -723,6 +724,133 @@ TEST_CASE("UD: a qkey mismatch drops silently; a message over the MTU fails loca
 	ibv_destroy_ah(ah);
 }
 
+enum ibv_qp_state state_of(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a{};
+	struct ibv_qp_init_attr ia{};
+	REQUIRE(ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0);
+	return a.qp_state;
+}
+
+int to_state(struct ibv_qp *qp, enum ibv_qp_state s)
+{
+	struct ibv_qp_attr a{};
+	a.qp_state = s;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+/* Takes `n` completions (bounded waits) keyed by wr_id. */
+std::map<uint64_t, struct ibv_wc> take(struct ibv_cq *cq, int n)
+{
+	std::map<uint64_t, struct ibv_wc> got;
+	for (int i = 0; i < n; i++) {
+		struct ibv_wc wc;
+		REQUIRE(poll_one(cq, wc) == 1);
+		CHECK(got.count(wc.wr_id) == 0);
+		got[wc.wr_id] = wc;
+	}
+	return got;
+}
+
+/* IBA 10.3.1: a send error of an unreliable QP takes it to SQE, not ERR:
+ * the rest of its send queue and what is posted later is flushed, its
+ * receive queue goes on working, and SQE -> RTS resumes sending. */
+TEST_CASE("UD: a send error moves the QP to SQE; receives go on; RTS resumes", "[ud]")
+{
+	UdPair p;
+	struct ibv_ah *ah = p.ah(false);
+	REQUIRE(ah);
+	const uint32_t mtu = 128u << p.d.port.active_mtu;
+	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 1) == 0);
+	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 2) == 0);
+	/* One list: a message, one over the MTU, one more. */
+	struct ibv_sge sg[3] = {p.d.sge(0, 8), p.d.sge(0, mtu + 1), p.d.sge(0, 8)};
+	struct ibv_send_wr wr[3]{}, *bad = nullptr;
+	for (int i = 0; i < 3; i++) {
+		wr[i].wr_id = 20 + uint64_t(i);
+		wr[i].opcode = IBV_WR_SEND;
+		wr[i].send_flags = IBV_SEND_SIGNALED;
+		wr[i].sg_list = &sg[i];
+		wr[i].num_sge = 1;
+		wr[i].wr.ud.ah = ah;
+		wr[i].wr.ud.remote_qpn = p.b->qp_num;
+		wr[i].wr.ud.remote_qkey = 0x11111111;
+		wr[i].next = i < 2 ? &wr[i + 1] : nullptr;
+	}
+	REQUIRE(ibv_post_send(p.a, wr, &bad) == 0);
+	auto got = take(p.cq, 4);
+	REQUIRE(got.count(1));
+	CHECK((got[1].status == IBV_WC_SUCCESS && got[1].opcode == IBV_WC_RECV));
+	CHECK(got[20].status == IBV_WC_SUCCESS);
+	CHECK(got[21].status == IBV_WC_LOC_LEN_ERR);
+	CHECK(got[22].status == IBV_WC_WR_FLUSH_ERR);
+	CHECK(state_of(p.a) == IBV_QPS_SQE);
+
+	/* Its RQ still takes messages. */
+	REQUIRE(post_rq(p.a, p.d.sge(4096, 256), 30) == 0);
+	REQUIRE(send(p.b, p.d.sge(0, 8), 31, ah, p.a->qp_num) == 0);
+	got = take(p.cq, 2);
+	CHECK((got[30].status == IBV_WC_SUCCESS && got[30].byte_len == 48));
+	CHECK(got[31].status == IBV_WC_SUCCESS);
+
+	/* A send posted in SQE is flushed; b's receive 2 stays posted. */
+	REQUIRE(send(p.a, p.d.sge(0, 8), 23, ah, p.b->qp_num) == 0);
+	got = take(p.cq, 1);
+	CHECK(got[23].status == IBV_WC_WR_FLUSH_ERR);
+	struct ibv_wc wc;
+	CHECK(poll_one(p.cq, wc, 50) == 0);
+
+	/* SQE -> RTS: sending again. */
+	REQUIRE(to_state(p.a, IBV_QPS_RTS) == 0);
+	CHECK(state_of(p.a) == IBV_QPS_RTS);
+	REQUIRE(send(p.a, p.d.sge(0, 8), 24, ah, p.b->qp_num) == 0);
+	got = take(p.cq, 2);
+	CHECK((got[2].status == IBV_WC_SUCCESS && got[2].qp_num == p.b->qp_num));
+	CHECK(got[24].status == IBV_WC_SUCCESS);
+	ibv_destroy_ah(ah);
+}
+
+TEST_CASE("UC: a local error moves the QP to SQE, where RC goes to ERR", "[uc]")
+{
+	for (enum ibv_qp_type type : {IBV_QPT_UC, IBV_QPT_RC}) {
+		CAPTURE(type);
+		Dev d;
+		struct ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+		REQUIRE(cq);
+		struct ibv_qp *a = make_qp(d, cq, type), *b = make_qp(d, cq, type);
+		REQUIRE((a && b));
+		REQUIRE(to_rts(a, type, b->qp_num, d.port.lid) == 0);
+		REQUIRE(to_rts(b, type, a->qp_num, d.port.lid) == 0);
+		REQUIRE(post_rq(a, d.sge(4096, 64), 50) == 0);
+		struct ibv_sge unknown = d.sge(0, 8);
+		unknown.lkey += 0x1000; /* no such key */
+		REQUIRE(send(a, unknown, 40) == 0);
+		auto got = take(cq, type == IBV_QPT_RC ? 2 : 1);
+		CHECK(got[40].status == IBV_WC_LOC_PROT_ERR);
+		if (type == IBV_QPT_RC) {
+			/* ERR flushes the receive queue too. */
+			CHECK(state_of(a) == IBV_QPS_ERR);
+			CHECK(got[50].status == IBV_WC_WR_FLUSH_ERR);
+		} else {
+			CHECK(state_of(a) == IBV_QPS_SQE);
+			/* The receive stays posted and takes b's message. */
+			REQUIRE(send(b, d.sge(0, 8), 51) == 0);
+			got = take(cq, 2);
+			CHECK((got[50].status == IBV_WC_SUCCESS && got[50].byte_len == 8));
+			CHECK(got[51].status == IBV_WC_SUCCESS);
+			REQUIRE(to_state(a, IBV_QPS_RTS) == 0);
+			REQUIRE(post_rq(b, d.sge(4096, 64), 52) == 0);
+			REQUIRE(send(a, d.sge(0, 8), 41) == 0);
+			got = take(cq, 2);
+			CHECK(got[41].status == IBV_WC_SUCCESS);
+			CHECK(got[52].status == IBV_WC_SUCCESS);
+		}
+		ibv_destroy_qp(a);
+		ibv_destroy_qp(b);
+		ibv_destroy_cq(cq);
+	}
+}
+
 TEST_CASE("UD multicast reaches every attached QP, in this process and another", "[ud]")
 {
 	Peer peer("mcast");
@@ -917,7 +1045,7 @@ TEST_CASE("UD: an inline SEND_WITH_IMM in two pieces, over the inline limit, wit
 	REQUIRE(poll_one(p.cq, wc[0]) == 1);
 	CHECK((wc[0].wr_id == 11 && wc[0].status == IBV_WC_LOC_PROT_ERR));
 	REQUIRE(ibv_query_qp(p.a, &qa, IBV_QP_STATE, &qia) == 0);
-	CHECK(qa.qp_state == IBV_QPS_ERR);
+	CHECK(qa.qp_state == IBV_QPS_SQE); /* an unreliable QP's send error */
 	ibv_destroy_ah(ah);
 }
 
