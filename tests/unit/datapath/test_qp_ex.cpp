@@ -454,6 +454,70 @@ TEST_CASE("qp_ex: UD send with wr_set_ud_addr lands after the GRH room", "[qpex]
 	ibv_destroy_ah(ah);
 }
 
+/* The batch path of a UD send error (lib/datapath.cpp submit): SQE, the
+ * rest of the batch flushed, a later batch flushed too (wr_complete
+ * succeeds: posting in SQE is allowed), SQE -> RTS sends again. */
+TEST_CASE("qp_ex: a UD send error in a batch moves the QP to SQE", "[qpex]")
+{
+	Options o;
+	o.type = IBV_QPT_UD;
+	o.send_ops = IBV_QP_EX_WITH_SEND;
+	Pair p(o);
+	p.connect();
+	struct ibv_port_attr pa{};
+	REQUIRE(ibv_query_port(p.ctx, 1, &pa) == 0);
+	const uint32_t mtu = 128u << pa.active_mtu;
+	REQUIRE(mtu < buf_size);
+	struct ibv_ah_attr aa{};
+	aa.dlid = p.lid;
+	aa.port_num = 1;
+	struct ibv_ah *ah = ibv_create_ah(p.pd, &aa);
+	REQUIRE(ah);
+	REQUIRE(Pair::post_recv(p.b, 9, 0, 40 + 64) == 0);
+	struct ibv_qp_ex *q = p.a.qpx;
+	auto build = [&](uint64_t wr_id, uint32_t len) {
+		q->wr_id = wr_id;
+		q->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send(q);
+		ibv_wr_set_ud_addr(q, ah, p.b.qp->qp_num, 0x1234);
+		ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), len);
+	};
+	ibv_wr_start(q);
+	build(1, 8);
+	build(2, mtu + 1);
+	build(3, 8);
+	REQUIRE(ibv_wr_complete(q) == 0);
+	struct ibv_wc wc{};
+	for (auto [id, st] : {std::pair{1, IBV_WC_SUCCESS}, {2, IBV_WC_LOC_LEN_ERR},
+			      {3, IBV_WC_WR_FLUSH_ERR}}) {
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == uint64_t(id));
+		CHECK(wc.status == st);
+	}
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS));
+	CHECK(state_of(p.a.qp) == IBV_QPS_SQE);
+
+	ibv_wr_start(q);
+	build(4, 8);
+	REQUIRE(ibv_wr_complete(q) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK((wc.wr_id == 4 && wc.status == IBV_WC_WR_FLUSH_ERR));
+
+	struct ibv_qp_attr qa{};
+	qa.qp_state = IBV_QPS_RTS;
+	REQUIRE(ibv_modify_qp(p.a.qp, &qa, IBV_QP_STATE) == 0);
+	REQUIRE(Pair::post_recv(p.b, 10, 0, 40 + 64) == 0);
+	ibv_wr_start(q);
+	build(5, 8);
+	REQUIRE(ibv_wr_complete(q) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK((wc.wr_id == 5 && wc.status == IBV_WC_SUCCESS));
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.wr_id == 10 && wc.status == IBV_WC_SUCCESS));
+	ibv_destroy_ah(ah);
+}
+
 TEST_CASE("SEND_WITH_INV: the receiver sees IBV_WC_WITH_INV and the key", "[qpex][opcodes]")
 {
 	Pair p(rc_options());
