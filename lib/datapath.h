@@ -529,14 +529,20 @@ private:
 	void flush_if_halted()
 	{
 		const int st = state_.load();
+		if (sq_runs(st)) [[likely]]
+			return;
 		if (st == IBV_QPS_ERR)
 			flush_locked();
-		else if (st == IBV_QPS_SQE)
+		else
 			flush_sq_locked();
 	}
 	/* Whether the SQ executes WRs in state `st`: not in ERR, nor in SQE
 	 * (an unreliable QP's send error; the RQ still receives). */
-	static bool sq_runs(int st) { return st != IBV_QPS_ERR && st != IBV_QPS_SQE; }
+	static bool sq_runs(int st)
+	{
+		static_assert(IBV_QPS_SQE + 1 == IBV_QPS_ERR && IBV_QPS_ERR + 1 == IBV_QPS_UNKNOWN);
+		return st < IBV_QPS_SQE; /* one compare: SQE, ERR (UNKNOWN is never stored) */
+	}
 	/* Where a fatal send error takes this QP: ERR for RC and XRC, SQE
 	 * for UC and UD (IBA 10.3.1; mlx5 moves an unreliable QP to SQE). */
 	enum ibv_qp_state send_error_state() const
