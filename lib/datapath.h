@@ -521,8 +521,8 @@ private:
 	 * engine keeps, ud_target_). */
 	void ud_deliver(UdTarget &t, const UdMessage &m, bool hold_key);
 	void produce_recv(UdTarget &t, const PlainCompletion &rc);
-	/* Completes every queued send WR with IBV_WC_WR_FLUSH_ERR, and with
-	 * the RQ too the posted receives (ERR; SQE keeps them). sq_lock_ held. */
+	/* Complete every queued send WR with IBV_WC_WR_FLUSH_ERR (SQE), and
+	 * flush_locked() the posted receives too (ERR). sq_lock_ held. */
 	void flush_sq_locked();
 	void flush_locked();
 	/* After posting (sq_lock_ held): ERR flushes both queues, SQE the SQ. */
