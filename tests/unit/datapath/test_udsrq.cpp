@@ -273,6 +273,34 @@ int peer_udtarget()
 	return 0;
 }
 
+/* UD sender: on a line "<qpn> <lid>" sends "from-peer" to that QP (Q_Key
+ * 0x11111111) and prints "sent <status> <its qpn>". */
+int peer_udsend()
+{
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_qp *qp = make_qp(d, cq, IBV_QPT_UD);
+	NEED(qp);
+	NEED(to_rts(qp, IBV_QPT_UD) == 0);
+	std::string line;
+	NEED(read_line(line));
+	unsigned dest = 0, lid = 0;
+	NEED(std::sscanf(line.c_str(), "%u %u", &dest, &lid) == 2);
+	struct ibv_ah_attr at{};
+	at.dlid = uint16_t(lid);
+	at.port_num = 1;
+	struct ibv_ah *ah = ibv_create_ah(d.pd, &at);
+	NEED(ah);
+	std::memcpy(d.buf.data(), "from-peer", 9);
+	NEED(send(qp, d.sge(0, 9), 5, ah, dest) == 0);
+	struct ibv_wc wc;
+	NEED(poll_one(cq, wc) == 1);
+	std::printf("sent %d %u\n", wc.status, qp->qp_num);
+	NEED(read_line(line));
+	ibv_destroy_ah(ah);
+	return 0;
+}
+
 struct Peer : shmv_test::PeerProc {
 	explicit Peer(const char *mode) : PeerProc({"self", "--peer", mode}) {}
 };
@@ -290,6 +318,8 @@ int main(int argc, char **argv)
 			return peer_mcast();
 		if (!std::strcmp(argv[2], "udtarget"))
 			return peer_udtarget();
+		if (!std::strcmp(argv[2], "udsend"))
+			return peer_udsend();
 		return 2;
 	}
 	return Catch::Session().run(argc, argv);
@@ -792,6 +822,21 @@ TEST_CASE("UD: a send error moves the QP to SQE; receives go on; RTS resumes", "
 	got = take(p.cq, 2);
 	CHECK((got[30].status == IBV_WC_SUCCESS && got[30].byte_len == 48));
 	CHECK(got[31].status == IBV_WC_SUCCESS);
+
+	/* ... from another process too. */
+	{
+		Peer peer("udsend");
+		REQUIRE(post_rq(p.a, p.d.sge(4096, 256), 32) == 0);
+		peer.send(std::to_string(p.a->qp_num) + " " + std::to_string(p.d.port.lid));
+		unsigned status = 99, peer_qpn = 0;
+		REQUIRE(std::sscanf(peer.line().c_str(), "sent %u %u", &status, &peer_qpn) == 2);
+		CHECK(status == IBV_WC_SUCCESS);
+		got = take(p.cq, 1);
+		CHECK((got[32].status == IBV_WC_SUCCESS && got[32].src_qp == peer_qpn));
+		CHECK(std::memcmp(p.d.buf.data() + 4096 + 40, "from-peer", 9) == 0);
+		CHECK(state_of(p.a) == IBV_QPS_SQE);
+		peer.send("bye");
+	}
 
 	/* A send posted in SQE is flushed; b's receive 2 stays posted. */
 	REQUIRE(send(p.a, p.d.sge(0, 8), 23, ah, p.b->qp_num) == 0);
