@@ -223,15 +223,25 @@ int peer_xrc()
 	return 0;
 }
 
+/* A peer's UD QP at RTS on a CQ of its own (both left to the process's
+ * exit). */
+struct ibv_qp *peer_ud_qp(Dev &d, struct ibv_cq *&cq)
+{
+	cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	NEED(cq);
+	struct ibv_qp *qp = make_qp(d, cq, IBV_QPT_UD);
+	NEED(qp);
+	NEED(to_rts(qp, IBV_QPT_UD) == 0);
+	return qp;
+}
+
 /* Multicast member: a UD QP attached to the group; prints its qpn, then on
  * any line its receive completions. */
 int peer_mcast()
 {
 	Dev d;
-	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_qp *qp = make_qp(d, cq, IBV_QPT_UD);
-	NEED(qp);
-	NEED(to_rts(qp, IBV_QPT_UD) == 0);
+	struct ibv_cq *cq = nullptr;
+	struct ibv_qp *qp = peer_ud_qp(d, cq);
 	union ibv_gid mgid{};
 	mgid.raw[0] = 0xff;
 	mgid.raw[15] = 7;
@@ -255,10 +265,8 @@ int peer_mcast()
 int peer_udtarget()
 {
 	Dev d;
-	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_qp *qp = make_qp(d, cq, IBV_QPT_UD);
-	NEED(qp);
-	NEED(to_rts(qp, IBV_QPT_UD) == 0);
+	struct ibv_cq *cq = nullptr;
+	struct ibv_qp *qp = peer_ud_qp(d, cq);
 	for (int i = 0; i < 4; i++)
 		NEED(post_rq(qp, d.sge(i * 256, 256), 70 + i) == 0);
 	std::printf("%u\n", qp->qp_num);
@@ -278,10 +286,8 @@ int peer_udtarget()
 int peer_udsend()
 {
 	Dev d;
-	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_qp *qp = make_qp(d, cq, IBV_QPT_UD);
-	NEED(qp);
-	NEED(to_rts(qp, IBV_QPT_UD) == 0);
+	struct ibv_cq *cq = nullptr;
+	struct ibv_qp *qp = peer_ud_qp(d, cq);
 	std::string line;
 	NEED(read_line(line));
 	unsigned dest = 0, lid = 0;
