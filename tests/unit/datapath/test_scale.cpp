@@ -11,8 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <set>
+#include <thread>
+#include <utility>
 
 namespace {
 
@@ -50,13 +53,42 @@ uint64_t segment_bytes()
 
 } // namespace
 
-TEST_CASE("thousands of idle QPs cost the progress thread nothing while one waits on RNR",
+TEST_CASE("thousands of idle QPs cost the progress thread little while one waits on RNR",
 	  "[scale]")
 {
 	loopback::Options o;
 	o.cqe = 16;
 	loopback::Pair p(o);
 	constexpr int idle_qps = 4096;
+	/* b has no receive posted: a's SEND waits on the RNR timer (10 us,
+	 * retried forever), so the progress thread runs every millisecond. */
+	REQUIRE(loopback::Pair::up(p.a, p.b.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
+	REQUIRE(loopback::Pair::up(p.b, p.a.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
+	struct ibv_sge sg = {p.a.addr(0), 64, p.a.mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 7;
+	wr.sg_list = &sg;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+
+	/* This thread sleeps: what the process burns is the progress thread's
+	 * (CPU seconds, wall seconds). */
+	auto burn = [] {
+		std::this_thread::sleep_for(std::chrono::milliseconds(50));
+		auto t0 = std::chrono::steady_clock::now();
+		double c0 = cpu_seconds();
+		std::this_thread::sleep_for(std::chrono::milliseconds(500));
+		double cpu = cpu_seconds() - c0;
+		return std::pair(cpu, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+								     t0).count());
+	};
+	/* The cost of the wake-ups alone, measured first in the same process:
+	 * this VM runs a process at times twice as slow, and an absolute
+	 * bound (10% of a CPU) failed about one run in 16 on that alone. */
+	const auto [base_cpu, base_wall] = burn();
+
 	std::vector<struct ibv_qp *> idle;
 	for (int i = 0; i < idle_qps; i++) {
 		struct ibv_qp_init_attr a{};
@@ -71,33 +103,22 @@ TEST_CASE("thousands of idle QPs cost the progress thread nothing while one wait
 		REQUIRE(qp);
 		idle.push_back(qp);
 	}
-	/* b has no receive posted: a's SEND waits on the RNR timer (10 us,
-	 * retried forever), so the progress thread runs every millisecond. */
-	REQUIRE(loopback::Pair::up(p.a, p.b.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
-	REQUIRE(loopback::Pair::up(p.b, p.a.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
-	struct ibv_sge sg = {p.a.addr(0), 64, p.a.mr->lkey};
-	struct ibv_send_wr wr{}, *bad = nullptr;
-	wr.wr_id = 7;
-	wr.sg_list = &sg;
-	wr.num_sge = 1;
-	wr.opcode = IBV_WR_SEND;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
-	std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
-	/* This thread sleeps: what the process burns is the progress thread's.
-	 * Visiting every QP each millisecond costs over 20% of a CPU here;
-	 * retrying only the waiting one costs a wake-up. */
-	auto t0 = std::chrono::steady_clock::now();
-	double c0 = cpu_seconds();
-	std::this_thread::sleep_for(std::chrono::milliseconds(500));
-	double cpu = cpu_seconds() - c0;
-	double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-	INFO("progress thread: " << cpu * 1e3 << " ms of CPU in " << wall * 1e3 << " ms");
+	/* Retrying only the waiting QP costs the same wake-ups whatever the
+	 * number of idle QPs; the idle ones add the slow sweep of remote
+	 * errors (every 10 ms: 20-25 ms of CPU in 500 for 4096 QPs here,
+	 * twice that when the VM is slow). The bound catches idle QPs that
+	 * cost an eighth of a CPU or more; finer regressions are inside the
+	 * VM's noise (at every retry, a try of each QP's lock added ~22 ms,
+	 * the remote-error sweep ~15 ms, both hot in the cache). */
+	const auto [cpu, wall] = burn();
+	INFO("progress thread: " << cpu * 1e3 << " ms of CPU in " << wall * 1e3
+				 << " ms with " << idle_qps << " idle QPs, " << base_cpu * 1e3
+				 << " ms in " << base_wall * 1e3 << " ms without");
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 	WARN("sanitizer build: instrumented code, the CPU figure is not checked");
 #else
-	CHECK(cpu < 0.10 * wall);
+	CHECK(cpu - base_cpu < 0.125 * wall);
 #endif
 
 	/* The waiting WR is still retried: a receive lets it through. */
