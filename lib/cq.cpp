@@ -737,11 +737,15 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 		return Err{EINVAL};
 	if (attr.wc_flags & ~supported_wc_flags)
 		return Err{EOPNOTSUPP};
-	/* IBV_CQ_INIT_ATTR_MASK_PD names a parent domain; libmlx5 refuses
-	 * anything else with EINVAL, and this emulation has no parent
-	 * domains (ibv_alloc_parent_domain() fails with EOPNOTSUPP). */
-	if (attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD)
-		return Err{EINVAL};
+	/* IBV_CQ_INIT_ATTR_MASK_PD names a parent domain (libmlx5 takes its
+	 * allocators for the CQ's buffers, which live in shared memory here);
+	 * anything else, a plain PD included, is EINVAL. */
+	ParentDomain *parent = nullptr;
+	if (attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+		struct ibv_pd *pd = attr.parent_domain;
+		if (!pd || !to_context(pd->context) || !(parent = ParentDomain::from(pd)))
+			return Err{EINVAL};
+	}
 	if (!cqe_size_env_valid(ctx))
 		return Err{EINVAL};
 	/* The kernel (ib_uverbs + the driver). */
@@ -779,6 +783,10 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 				       ? 1 : 0;
 	cq->ctx = &ctx;
 	cq->channel = attr.channel ? CompChannel::from(attr.channel) : nullptr;
+	/* libmlx5 pins the parent domain until the CQ is destroyed. */
+	cq->parent_domain = parent;
+	if (parent)
+		parent->pd.uses.get();
 	cq->wc_flags = attr.wc_flags;
 	cq->extended = extended;
 	cq->create_flags = (attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) ? attr.flags : 0;
@@ -913,6 +921,8 @@ int destroy_cq(Cq &cq)
 		ch->ibv.refcnt--;
 		pthread_mutex_unlock(&cq.ctx->abi()->mutex);
 	}
+	if (cq.parent_domain)
+		cq.parent_domain->pd.uses.put();
 	pthread_cond_destroy(&cq.ibv.cq.cond);
 	pthread_mutex_destroy(&cq.ibv.cq.mutex);
 	/* No QP names the CQ any more, and a QP's destroy waited until no

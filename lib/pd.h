@@ -60,8 +60,8 @@ struct Td {
 
 struct ParentDomain {
 	/* first: its ibv is the ibv_pd handed out, with the wrapped PD's handle;
-	 * pd.wrapped is never nullptr; pd.uses counts the CQs created with this
-	 * parent domain (the only objects that pin it in libmlx5). */
+	 * pd.wrapped is never nullptr; pd.uses counts the CQs and QPs created
+	 * with this parent domain (the objects that pin it in libmlx5). */
 	Pd pd;
 	Td *td; /* holds a use, or nullptr */
 	/* IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS / _PD_CONTEXT, else nullptr. */
@@ -92,7 +92,7 @@ int dealloc_td(Td &td);
  * parent domain, in which case the new one wraps the same PD. */
 Result<ParentDomain> alloc_parent_domain(Context &ctx,
 					 const struct ibv_parent_domain_init_attr &attr);
-/* EBUSY while a CQ created with it exists. */
+/* EBUSY while a CQ or QP created with it exists. */
 int dealloc_parent_domain(ParentDomain &pdom);
 
 } // namespace shmverbs

@@ -248,6 +248,8 @@ void release_uses(Qp &qp)
 {
 	if (qp.pd)
 		qp.pd->uses.put();
+	if (qp.parent)
+		qp.parent->pd.uses.put();
 	if (qp.send_cq)
 		qp.send_cq->uses.put();
 	if (qp.recv_cq)
@@ -287,6 +289,7 @@ void free_handle(Qp *qp)
 /* The objects a create request names, checked against the context. */
 struct Parts {
 	Pd *pd = nullptr;
+	ParentDomain *parent = nullptr; /* attr.pd when it is a parent domain */
 	Cq *send_cq = nullptr;
 	Cq *recv_cq = nullptr;
 	Srq *srq = nullptr;
@@ -326,6 +329,7 @@ int resolve_parts(Context &ctx, const struct ibv_qp_init_attr_ex &attr, uint32_t
 		    !is_ours(ctx, owner(attr.send_cq)))
 			return EINVAL;
 		p.pd = Pd::from(attr.pd);
+		p.parent = ParentDomain::from(attr.pd);
 		p.send_cq = Cq::from(attr.send_cq);
 		if (type != IBV_QPT_XRC_SEND) {
 			if (!is_ours(ctx, owner(attr.recv_cq)))
@@ -466,11 +470,13 @@ Result<Qp> create_qp(Context &ctx, struct ibv_qp_init_attr_ex &attr)
 		qp->verbs_comp_mask |= Qp::verbs_qp_ex;
 
 	qp->pd = parts.pd;
+	qp->parent = parts.parent;
 	qp->send_cq = parts.send_cq;
 	qp->recv_cq = parts.recv_cq;
 	qp->srq = parts.srq;
 	qp->xrcd = parts.xrcd;
 	for (UseCount *u : {parts.pd ? &parts.pd->uses : nullptr,
+			    parts.parent ? &parts.parent->pd.uses : nullptr,
 			    parts.send_cq ? &parts.send_cq->uses : nullptr,
 			    parts.recv_cq ? &parts.recv_cq->uses : nullptr,
 			    parts.srq ? &parts.srq->uses : nullptr,

@@ -103,7 +103,8 @@ struct Qp {
 	AsyncEventCounter async_events;
 
 	/* The objects this handle holds a use on, released by destroy. */
-	Pd *pd;
+	Pd *pd;               /* the protection domain proper */
+	ParentDomain *parent; /* the parent domain it was created on, if any */
 	Cq *send_cq;
 	Cq *recv_cq;
 	Srq *srq;

@@ -150,10 +150,63 @@ TEST_CASE("objects created on a parent domain count against its PD", "[pd][paren
 	REQUIRE(mr);
 	CHECK(mr->pd == pdom);
 
-	/* In libmlx5 only CQs pin a parent domain; MRs pin its PD. */
+	/* In libmlx5 only CQs and QPs pin a parent domain; MRs pin its PD. */
 	CHECK(ibv_dealloc_pd(pdom) == 0);
 	CHECK(ibv_dealloc_pd(pd) == EBUSY);
 	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+}
+
+TEST_CASE("CQs and QPs created on a parent domain pin it", "[pd][parent][cq][qp]")
+{
+	Fixture f;
+	struct ibv_pd *pd = ibv_alloc_pd(f.ctx);
+	REQUIRE(pd);
+	struct ibv_parent_domain_init_attr attr{};
+	attr.pd = pd;
+	attr.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+	attr.alloc = no_alloc;
+	attr.free = no_free;
+	struct ibv_pd *pdom = ibv_alloc_parent_domain(f.ctx, &attr);
+	REQUIRE(pdom);
+
+	/* IBV_CQ_INIT_ATTR_MASK_PD takes a parent domain, nothing else. */
+	struct ibv_cq_init_attr_ex cq_attr{};
+	cq_attr.cqe = 16;
+	cq_attr.wc_flags = IBV_WC_STANDARD_FLAGS;
+	cq_attr.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+	cq_attr.parent_domain = pd;
+	errno = 0;
+	CHECK(ibv_create_cq_ex(f.ctx, &cq_attr) == nullptr);
+	CHECK(errno == EINVAL);
+	cq_attr.parent_domain = pdom;
+	struct ibv_cq_ex *cq = ibv_create_cq_ex(f.ctx, &cq_attr);
+	REQUIRE(cq);
+	CHECK(cq->cqe >= 16);
+	/* As in libmlx5, a CQ pins the parent domain until it is destroyed
+	 * (MRs pin only its PD, above)... */
+	CHECK(ibv_dealloc_pd(pdom) == EBUSY);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+
+	/* ... and so does a QP created on it, whatever its CQs. */
+	struct ibv_cq *plain = ibv_create_cq(f.ctx, 16, nullptr, nullptr, 0);
+	REQUIRE(plain);
+	struct ibv_qp_init_attr qp_attr{};
+	qp_attr.send_cq = plain;
+	qp_attr.recv_cq = plain;
+	qp_attr.qp_type = IBV_QPT_RC;
+	qp_attr.cap.max_send_wr = 4;
+	qp_attr.cap.max_recv_wr = 4;
+	qp_attr.cap.max_send_sge = 1;
+	qp_attr.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(pdom, &qp_attr);
+	REQUIRE(qp);
+	CHECK(qp->pd == pdom);
+	CHECK(ibv_dealloc_pd(pdom) == EBUSY);
+	CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_destroy_cq(plain) == 0);
+	CHECK(ibv_dealloc_pd(pd) == EBUSY);
+	CHECK(ibv_dealloc_pd(pdom) == 0);
 	CHECK(ibv_dealloc_pd(pd) == 0);
 }
 
