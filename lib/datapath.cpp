@@ -447,8 +447,13 @@ void QpEngine::reset()
 		std::lock_guard guard(sq_lock_);
 		snapshot_attr();
 		state_.store(IBV_QPS_RESET);
-		if (desc_)
+		if (desc_) {
 			desc_->state.store(IBV_QPS_RESET, std::memory_order_release);
+			/* A responder error a sender left for check_remote_errors()
+			 * belonged to the QP's previous life: the QP it would
+			 * have moved to ERR is being reset anyway. */
+			desc_->remote_error.store(shm::remote_error_none, std::memory_order_relaxed);
+		}
 		sq_.clear();
 		if (rq_) {
 			std::lock_guard rq_guard(rq_lock_);

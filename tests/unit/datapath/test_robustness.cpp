@@ -5,7 +5,9 @@
  */
 #include "loopback.h"
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 using namespace loopback;
 
@@ -68,6 +70,43 @@ TEST_CASE("reset removes the QP's unpolled completions from its CQ, others stay 
 	REQUIRE(ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE) == 0);
 	only_c_left(p, c);
 	ibv_destroy_qp(c.qp);
+}
+
+/* The responder's error a sender found (here a receive whose key is not
+ * registered) reaches its owner later, through the progress thread's sweep
+ * (10 ms). An application that resets the QP and brings it back before that
+ * (rdma-core's test_mr_rereg_pd does) must find it working: the error
+ * belonged to the QP's previous life. */
+TEST_CASE("RC: a responder error still pending when its QP is reset does not follow it",
+	  "[robust]")
+{
+	Pair p;
+	p.connect();
+	struct ibv_wc wc{};
+	REQUIRE(shmv_test::post_recv_sge(p.b.qp, {p.b.addr(0), 64, p.b.mr->lkey ^ 0x100}, 1) == 0);
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 10) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.status == IBV_WC_REM_OP_ERR);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+
+	struct ibv_qp_attr reset{};
+	reset.qp_state = IBV_QPS_RESET;
+	for (Side *s : {&p.b, &p.a})
+		REQUIRE(ibv_modify_qp(s->qp, &reset, IBV_QP_STATE) == 0);
+	p.connect();
+	/* Several sweeps later the QP is still in RTS and carries traffic. */
+	std::this_thread::sleep_for(std::chrono::milliseconds(50));
+	struct ibv_qp_attr attr{};
+	struct ibv_qp_init_attr init{};
+	REQUIRE(ibv_query_qp(p.b.qp, &attr, IBV_QP_STATE, &init) == 0);
+	CHECK(attr.qp_state == IBV_QPS_RTS);
+	REQUIRE(Pair::post_recv(p.a, 2, 0, 64) == 0);
+	REQUIRE(post_send(p.b, IBV_WR_SEND, 20) == 0);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.wr_id == 20 && wc.status == IBV_WC_SUCCESS));
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK((wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS));
 }
 
 /* libmlx5's destroy_qp cleans both CQs of the QP's completions too: an
