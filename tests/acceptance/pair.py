@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from shmv_acceptance import mode_env, skip
+from shmv_acceptance import mode_env, sanitizer_reports, skip
 
 TIMEOUT = 60
 
@@ -38,29 +38,6 @@ TIMEOUT = 60
 # nothing of the emulation, so such a pair runs again, up to PAIR_RUNS times.
 CALIBRATION_FAILURE = "Can't produce a report"
 PAIR_RUNS = 3
-
-# How each sanitizer runtime starts a report (ASan, TSan, UBSan, LSan).
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "WARNING: ThreadSanitizer",
-                     "runtime error:", "ERROR: LeakSanitizer")
-
-
-def sanitizer_reports(out):
-    """The sanitizer reports in a program's output: from each line naming a
-    marker to the next blank line or the end (a report's stack), or []."""
-    lines = out.splitlines()
-    reports = []
-    i = 0
-    while i < len(lines):
-        if any(m in lines[i] for m in SANITIZER_MARKERS):
-            j = i + 1
-            while j < len(lines) and lines[j].strip() and \
-                    not any(m in lines[j] for m in SANITIZER_MARKERS):
-                j += 1
-            reports.append("\n".join(lines[i:j]))
-            i = j
-        else:
-            i += 1
-    return reports
 
 
 def free_port():

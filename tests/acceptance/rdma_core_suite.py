@@ -49,7 +49,7 @@ def unpack(dest):
 
 def parent():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from shmv_acceptance import mode_env, missing_verbs, run, skip
+    from shmv_acceptance import mode_env, missing_verbs, run, sanitizer_reports, skip
     mode = sys.argv[1]
     # Absolute: the suite runs in a temporary directory.
     dropin_dir, preload = (os.path.abspath(p) for p in sys.argv[2:4])
@@ -75,6 +75,12 @@ def parent():
             os.chdir(here)
     sys.stdout.write(p.stdout)
     sys.stdout.write(p.stderr)
+    # The child leaves with os._exit(), before a sanitizer runtime could
+    # turn its reports into an exit status: they are read here.
+    reports = sanitizer_reports(p.stdout + p.stderr)
+    if reports:
+        print(f"FAIL {len(reports)} sanitizer report(s), the first:\n{reports[0]}")
+        sys.exit(1)
     sys.exit(p.returncode)
 
 

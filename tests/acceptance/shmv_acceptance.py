@@ -105,6 +105,30 @@ def sanitizer_runtimes(lib):
     return found
 
 
+# How each sanitizer runtime starts a report (ASan, TSan, UBSan, LSan).
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "WARNING: ThreadSanitizer",
+                     "runtime error:", "ERROR: LeakSanitizer")
+
+
+def sanitizer_reports(out):
+    """The sanitizer reports in a program's output: from each line naming a
+    marker to the next blank line or the end (a report's stack), or []."""
+    lines = out.splitlines()
+    reports = []
+    i = 0
+    while i < len(lines):
+        if any(m in lines[i] for m in SANITIZER_MARKERS):
+            j = i + 1
+            while j < len(lines) and lines[j].strip() and \
+                    not any(m in lines[j] for m in SANITIZER_MARKERS):
+                j += 1
+            reports.append("\n".join(lines[i:j]))
+            i = j
+        else:
+            i += 1
+    return reports
+
+
 def mode_env(mode, dropin_dir, preload_lib, **extra):
     """Environment of an unmodified program in `mode`. In a sanitizer build
     the runtimes come first and leak checking is off: the leaks of Debian's
