@@ -338,8 +338,9 @@ public:
 	/* Executes what can be executed. Returns true when WRs remain queued
 	 * (the progress thread comes back). Any thread. */
 	bool progress();
-	/* The owner's side of errors senders recorded in our descriptor. */
-	void check_remote_errors();
+	/* The owner's side of errors senders recorded in our descriptor: the
+	 * progress thread's sweep, ibv_query_qp and ibv_modify_qp. */
+	void check_remote_errors() override;
 
 	/* Lets go of this engine's holds on a key being withdrawn. Any thread
 	 * but one inside this engine. */

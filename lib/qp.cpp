@@ -544,6 +544,10 @@ int query_qp(Qp &qp, struct ibv_qp_attr &attr, int attr_mask,
 		return EOPNOTSUPP;
 
 	QpCore &core = *qp.core;
+	/* The state as the device has it: an error a sender met here has
+	 * moved the QP to ERR already on a device. */
+	if (core.data_path)
+		core.data_path->check_remote_errors();
 	std::lock_guard guard(core.lock);
 	const struct ibv_qp_attr &a = core.attr;
 	attr.qkey = a.qkey;
@@ -593,6 +597,9 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &request, int attr_mask)
 	if (attr_mask < 0 || (mask & ~(qp_attr_standard_bits | IBV_QP_RATE_LIMIT)))
 		return EOPNOTSUPP;
 
+	/* As in query_qp(): the transition starts from the device's state. */
+	if (core.data_path)
+		core.data_path->check_remote_errors();
 	std::lock_guard guard(core.lock);
 	const enum ibv_qp_state actual = core.state();
 

@@ -50,6 +50,10 @@ public:
 	virtual void reset() = 0;
 	/* Any other transition (INIT, RTR, RTS, SQD, SQE). */
 	virtual void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) = 0;
+	/* Acts on an error a sender found at this responder and left for the
+	 * owner (the QP enters ERR), at once rather than at the next sweep.
+	 * Called without the core lock. */
+	virtual void check_remote_errors() = 0;
 };
 
 struct Qp;

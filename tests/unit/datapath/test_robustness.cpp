@@ -73,10 +73,11 @@ TEST_CASE("reset removes the QP's unpolled completions from its CQ, others stay 
 }
 
 /* The responder's error a sender found (here a receive whose key is not
- * registered) reaches its owner later, through the progress thread's sweep
- * (10 ms). An application that resets the QP and brings it back before that
- * (rdma-core's test_mr_rereg_pd does) must find it working: the error
- * belonged to the QP's previous life. */
+ * registered) reaches its owner through the progress thread's sweep (10 ms)
+ * or the owner's next ibv_query_qp / ibv_modify_qp. An application that
+ * resets the QP and brings it back before the sweep (rdma-core's
+ * test_mr_rereg_pd does) must find it working: the error belonged to the
+ * QP's previous life. */
 TEST_CASE("RC: a responder error still pending when its QP is reset does not follow it",
 	  "[robust]")
 {
@@ -89,6 +90,12 @@ TEST_CASE("RC: a responder error still pending when its QP is reset does not fol
 	CHECK(wc.status == IBV_WC_REM_OP_ERR);
 	REQUIRE(Pair::wait_wc(p.b, wc));
 	CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+	/* The responder is in ERR as it would be on a device, whether the
+	 * sweep has come by or not. */
+	struct ibv_qp_attr attr{};
+	struct ibv_qp_init_attr init{};
+	REQUIRE(ibv_query_qp(p.b.qp, &attr, IBV_QP_STATE, &init) == 0);
+	CHECK(attr.qp_state == IBV_QPS_ERR);
 
 	struct ibv_qp_attr reset{};
 	reset.qp_state = IBV_QPS_RESET;
@@ -97,8 +104,6 @@ TEST_CASE("RC: a responder error still pending when its QP is reset does not fol
 	p.connect();
 	/* Several sweeps later the QP is still in RTS and carries traffic. */
 	std::this_thread::sleep_for(std::chrono::milliseconds(50));
-	struct ibv_qp_attr attr{};
-	struct ibv_qp_init_attr init{};
 	REQUIRE(ibv_query_qp(p.b.qp, &attr, IBV_QP_STATE, &init) == 0);
 	CHECK(attr.qp_state == IBV_QPS_RTS);
 	REQUIRE(Pair::post_recv(p.a, 2, 0, 64) == 0);

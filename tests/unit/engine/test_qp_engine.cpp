@@ -830,6 +830,7 @@ struct RecordingDataPath : QpDataPath {
 	{
 		log->push_back(std::string(qp_state_name(from)) + ">" + qp_state_name(to));
 	}
+	void check_remote_errors() override {} /* no sender reaches this QP */
 };
 
 } // namespace
