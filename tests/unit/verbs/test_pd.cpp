@@ -21,6 +21,14 @@ void *no_alloc(struct ibv_pd *, void *, size_t, size_t, uint64_t)
 }
 void no_free(struct ibv_pd *, void *, void *, uint64_t) {}
 
+/* A parent domain of `pd`, without a TD or allocators. */
+struct ibv_pd *parent_of(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_parent_domain_init_attr attr{};
+	attr.pd = pd;
+	return ibv_alloc_parent_domain(ctx, &attr);
+}
+
 } // namespace
 
 TEST_CASE("alloc and dealloc PDs", "[pd]")
@@ -141,9 +149,7 @@ TEST_CASE("objects created on a parent domain count against its PD", "[pd][paren
 	Fixture f;
 	struct ibv_pd *pd = ibv_alloc_pd(f.ctx);
 	REQUIRE(pd);
-	struct ibv_parent_domain_init_attr attr{};
-	attr.pd = pd;
-	struct ibv_pd *pdom = ibv_alloc_parent_domain(f.ctx, &attr);
+	struct ibv_pd *pdom = parent_of(f.ctx, pd);
 	REQUIRE(pdom);
 
 	struct ibv_mr *mr = ibv_reg_mr(pdom, f.buf.data(), f.buf.size(), IBV_ACCESS_LOCAL_WRITE);
@@ -162,12 +168,7 @@ TEST_CASE("CQs and QPs created on a parent domain pin it", "[pd][parent][cq][qp]
 	Fixture f;
 	struct ibv_pd *pd = ibv_alloc_pd(f.ctx);
 	REQUIRE(pd);
-	struct ibv_parent_domain_init_attr attr{};
-	attr.pd = pd;
-	attr.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
-	attr.alloc = no_alloc;
-	attr.free = no_free;
-	struct ibv_pd *pdom = ibv_alloc_parent_domain(f.ctx, &attr);
+	struct ibv_pd *pdom = parent_of(f.ctx, pd);
 	REQUIRE(pdom);
 
 	/* IBV_CQ_INIT_ATTR_MASK_PD takes a parent domain, nothing else. */
@@ -217,9 +218,7 @@ TEST_CASE("rereg_mr onto a parent domain", "[pd][parent][mr]")
 	struct ibv_pd *pd2 = ibv_alloc_pd(f.ctx);
 	REQUIRE(pd1);
 	REQUIRE(pd2);
-	struct ibv_parent_domain_init_attr attr{};
-	attr.pd = pd2;
-	struct ibv_pd *pdom = ibv_alloc_parent_domain(f.ctx, &attr);
+	struct ibv_pd *pdom = parent_of(f.ctx, pd2);
 	REQUIRE(pdom);
 	struct ibv_mr *mr = ibv_reg_mr(pd1, f.buf.data(), 64, IBV_ACCESS_LOCAL_WRITE);
 	REQUIRE(mr);
