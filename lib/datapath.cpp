@@ -546,6 +546,7 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 		*bad_wr = wr;
 		return qp_.srq ? EINVAL : ENOMEM;
 	}
+	remote_error_first();
 	int st = state_.load();
 	if (st == IBV_QPS_RESET) {
 		*bad_wr = wr;
@@ -654,6 +655,7 @@ bool QpEngine::run_now(SendWr &wr, bool &fatal)
  */
 int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
+	remote_error_first();
 	int st = state_.load();
 	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
 	    type_ == IBV_QPT_XRC_RECV) {
@@ -726,6 +728,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 
 int QpEngine::submit(std::span<SendWr> batch)
 {
+	remote_error_first();
 	int st = state_.load();
 	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
 	    type_ == IBV_QPT_XRC_RECV)

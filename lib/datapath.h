@@ -339,7 +339,8 @@ public:
 	 * (the progress thread comes back). Any thread. */
 	bool progress();
 	/* The owner's side of errors senders recorded in our descriptor: the
-	 * progress thread's sweep, ibv_query_qp and ibv_modify_qp. */
+	 * progress thread's sweep, ibv_query_qp and ibv_modify_qp, and the
+	 * posts (remote_error_first). */
 	void check_remote_errors() override;
 
 	/* Lets go of this engine's holds on a key being withdrawn. Any thread
@@ -561,6 +562,15 @@ private:
 	 * when the caller must list the engine with progress_hold() once
 	 * sq_lock_ is released. */
 	bool keep_holds();
+	/* A post starts from the state a device would have: an error a sender
+	 * left in our descriptor has moved the QP to ERR there already (one
+	 * load when there is none; no lock held). */
+	void remote_error_first()
+	{
+		if (desc_ && desc_->remote_error.load(std::memory_order_relaxed) !=
+				     shm::remote_error_none) [[unlikely]]
+			check_remote_errors();
+	}
 	/* Prefetches what a SEND to target_ reads and claims first (sq_lock_
 	 * held; nothing before the target is resolved): the receive WQE at
 	 * its RQ's head, which the peer wrote, and its receive CQ's next

@@ -114,6 +114,32 @@ TEST_CASE("RC: a responder error still pending when its QP is reset does not fol
 	CHECK((wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS));
 }
 
+/* A post is the other place the owner meets such an error first: a SEND
+ * posted right after it, toward a requester already back in RTS, is flushed
+ * as on a device (whose QP entered ERR with the error), not delivered. */
+TEST_CASE("RC: a post right after a responder error finds its QP in ERR", "[robust]")
+{
+	Pair p;
+	p.connect();
+	struct ibv_wc wc{};
+	REQUIRE(shmv_test::post_recv_sge(p.b.qp, {p.b.addr(0), 64, p.b.mr->lkey ^ 0x100}, 1) == 0);
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 10) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.status == IBV_WC_REM_OP_ERR);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+
+	struct ibv_qp_attr reset{};
+	reset.qp_state = IBV_QPS_RESET;
+	REQUIRE(ibv_modify_qp(p.a.qp, &reset, IBV_QP_STATE) == 0);
+	REQUIRE(Pair::up(p.a, p.b.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
+	REQUIRE(Pair::post_recv(p.a, 2, 0, 64) == 0);
+	REQUIRE(post_send(p.b, IBV_WR_SEND, 20) == 0);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.wr_id == 20 && wc.status == IBV_WC_WR_FLUSH_ERR));
+	CHECK(Pair::quiet(p.a));
+}
+
 /* libmlx5's destroy_qp cleans both CQs of the QP's completions too: an
  * application that polls after destroying a QP never sees its number. */
 TEST_CASE("destroy removes the QP's unpolled completions from its CQs, others stay in order",
