@@ -36,6 +36,17 @@ uint64_t now_ns(clockid_t clk)
 	return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
+/* An AH on the pair's PD toward its own port (UD: both QPs share it). */
+struct ibv_ah *own_port_ah(Pair &p)
+{
+	struct ibv_ah_attr aa{};
+	aa.dlid = p.lid;
+	aa.port_num = 1;
+	struct ibv_ah *ah = ibv_create_ah(p.pd, &aa);
+	REQUIRE(ah);
+	return ah;
+}
+
 enum ibv_qp_state state_of(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr a{};
@@ -427,11 +438,7 @@ TEST_CASE("qp_ex: UD send with wr_set_ud_addr lands after the GRH room", "[qpex]
 	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 	Pair p(o);
 	p.connect();
-	struct ibv_ah_attr aa{};
-	aa.dlid = p.lid;
-	aa.port_num = 1;
-	struct ibv_ah *ah = ibv_create_ah(p.pd, &aa);
-	REQUIRE(ah);
+	struct ibv_ah *ah = own_port_ah(p);
 	REQUIRE(Pair::post_recv(p.b, 9, 0, 40 + 64) == 0);
 	std::memcpy(p.a.at(4096), "ud-datagram", 11);
 	struct ibv_qp_ex *q = p.a.qpx;
@@ -468,11 +475,7 @@ TEST_CASE("qp_ex: a UD send error in a batch moves the QP to SQE", "[qpex]")
 	REQUIRE(ibv_query_port(p.ctx, 1, &pa) == 0);
 	const uint32_t mtu = 128u << pa.active_mtu;
 	REQUIRE(mtu < buf_size);
-	struct ibv_ah_attr aa{};
-	aa.dlid = p.lid;
-	aa.port_num = 1;
-	struct ibv_ah *ah = ibv_create_ah(p.pd, &aa);
-	REQUIRE(ah);
+	struct ibv_ah *ah = own_port_ah(p);
 	REQUIRE(Pair::post_recv(p.b, 9, 0, 40 + 64) == 0);
 	struct ibv_qp_ex *q = p.a.qpx;
 	auto build = [&](uint64_t wr_id, uint32_t len) {
@@ -774,11 +777,7 @@ TEST_CASE("ibv_post_send: an opcode the QP type cannot execute is EINVAL at that
 		p.connect();
 		struct ibv_ah *ah = nullptr;
 		if (c.type == IBV_QPT_UD) {
-			struct ibv_ah_attr aa{};
-			aa.dlid = p.lid;
-			aa.port_num = 1;
-			ah = ibv_create_ah(p.pd, &aa);
-			REQUIRE(ah);
+			ah = own_port_ah(p);
 		}
 		uint64_t next_id = 1;
 		for (int op : c.refused) {

@@ -58,6 +58,20 @@ void only_c_left(Pair &p, Side &c)
 	CHECK(Pair::quiet(p.a));
 }
 
+/* a SENDs into a receive of b whose key is not registered: a gets
+ * REM_OP_ERR, b LOC_PROT_ERR, and b's descriptor a responder error for its
+ * owner to act on. */
+void responder_error(Pair &p)
+{
+	struct ibv_wc wc{};
+	REQUIRE(shmv_test::post_recv_sge(p.b.qp, {p.b.addr(0), 64, p.b.mr->lkey ^ 0x100}, 1) == 0);
+	REQUIRE(post_send(p.a, IBV_WR_SEND, 10) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.status == IBV_WC_REM_OP_ERR);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+}
+
 } // namespace
 
 TEST_CASE("reset removes the QP's unpolled completions from its CQ, others stay in order",
@@ -84,12 +98,7 @@ TEST_CASE("RC: a responder error still pending when its QP is reset does not fol
 	Pair p;
 	p.connect();
 	struct ibv_wc wc{};
-	REQUIRE(shmv_test::post_recv_sge(p.b.qp, {p.b.addr(0), 64, p.b.mr->lkey ^ 0x100}, 1) == 0);
-	REQUIRE(post_send(p.a, IBV_WR_SEND, 10) == 0);
-	REQUIRE(Pair::wait_wc(p.a, wc));
-	CHECK(wc.status == IBV_WC_REM_OP_ERR);
-	REQUIRE(Pair::wait_wc(p.b, wc));
-	CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+	responder_error(p);
 	/* The responder is in ERR as it would be on a device, whether the
 	 * sweep has come by or not. */
 	struct ibv_qp_attr attr{};
@@ -122,12 +131,7 @@ TEST_CASE("RC: a post right after a responder error finds its QP in ERR", "[robu
 	Pair p;
 	p.connect();
 	struct ibv_wc wc{};
-	REQUIRE(shmv_test::post_recv_sge(p.b.qp, {p.b.addr(0), 64, p.b.mr->lkey ^ 0x100}, 1) == 0);
-	REQUIRE(post_send(p.a, IBV_WR_SEND, 10) == 0);
-	REQUIRE(Pair::wait_wc(p.a, wc));
-	CHECK(wc.status == IBV_WC_REM_OP_ERR);
-	REQUIRE(Pair::wait_wc(p.b, wc));
-	CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+	responder_error(p);
 
 	struct ibv_qp_attr reset{};
 	reset.qp_state = IBV_QPS_RESET;
