@@ -126,5 +126,28 @@ class Evaluate(unittest.TestCase):
         self.assertIsNone(r["ratio_best"])
 
 
+class ParsePerftest(unittest.TestCase):
+    HEADER = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    "
+              "t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ")
+    SUMMARY = " 8       1000          0.09           0.27         0.11     \t       0.12"
+
+    def test_latency_summary_alone(self):
+        r = run.parse_perftest("\n".join(["x", self.HEADER, self.SUMMARY, "-" * 20]), "lat")
+        self.assertEqual((r["t_min"], r["t_typical"], r["t_avg"], r["samples"]),
+                         (0.09, 0.11, 0.12, 0))
+
+    def test_latency_with_samples_takes_their_median(self):
+        # -H: the header, then "i, usec" per sample, then header and summary.
+        samples = ["1, 0.0901339", "2, 0.100149", "3, 0.105156", "4, 0.110164"]
+        out = "\n".join([self.HEADER, "#, usec"] + samples + [self.HEADER, self.SUMMARY])
+        r = run.parse_perftest(out, "lat")
+        self.assertAlmostEqual(r["t_typical"], (0.100149 + 0.105156) / 2)
+        self.assertEqual((r["t_min"], r["t_avg"], r["samples"]), (0.09, 0.12, 4))
+
+    def test_no_result_line_is_an_error(self):
+        with self.assertRaises(run.CaseError):
+            run.parse_perftest("\n".join([self.HEADER, "#, usec", "1, 0.1"]), "lat")
+
+
 if __name__ == "__main__":
     unittest.main()
