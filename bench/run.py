@@ -544,8 +544,9 @@ def fmt(v):
         return f"{v:.0f}"
     if abs(v) >= 10:
         return f"{v:.1f}"
-    if abs(v) >= 0.1:
+    if abs(v) >= 1:
         return f"{v:.2f}"
+    # Three digits below 1: a latency of 0.105 us is not 0.11.
     return f"{v:.3g}"
 
 

@@ -126,6 +126,13 @@ class Evaluate(unittest.TestCase):
         self.assertIsNone(r["ratio_best"])
 
 
+class Format(unittest.TestCase):
+    def test_three_significant_digits_below_ten(self):
+        self.assertEqual([run.fmt(v) for v in (0.105156, 0.055, 0.93, 1.914, 19.74, 576.2)],
+                         ["0.105", "0.055", "0.93", "1.91", "19.7", "576"])
+        self.assertEqual(run.fmt(None), "-")
+
+
 class ParsePerftest(unittest.TestCase):
     HEADER = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    "
               "t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ")
