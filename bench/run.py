@@ -696,7 +696,7 @@ def run_scale(opts, env, runs, log):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="once, tiny counts, then check")
-    ap.add_argument("--reps", type=int, default=None, help="repetitions (default 5, smoke 1)")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions (default 9, smoke 1)")
     ap.add_argument("--build", default=os.path.join(TOP, "build"))
     ap.add_argument("--out", default=None, help="results directory "
                     "(default bench/results/<UTC timestamp>)")
@@ -704,7 +704,10 @@ def main():
                     help="seconds after which no new repetition starts (default 540; smoke: none)")
     ap.add_argument("--publish", default=None, help="also copy the results here (docs/bench)")
     opts = ap.parse_args()
-    opts.reps = opts.reps or (1 if opts.smoke else 5)
+    # Nine: this VM switches between a fast, a normal and a slow mode
+    # (UCX put_lat 0.035, 0.055 and 0.24 us), and two repetitions out of
+    # five in the fast one moved a median ratio from 1.9x to 2.7x.
+    opts.reps = opts.reps or (1 if opts.smoke else 9)
     if opts.budget is None and not opts.smoke:
         opts.budget = 540
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
