@@ -3,7 +3,7 @@
 # ucx_perftest, libfabric's fi_pingpong, gnuplot), builds, then runs
 # bench/run.py: shmverbs under unmodified perftest against UCX and libfabric
 # over shared memory, memcpy and a cross-process ping-pong, the queue
-# microbenchmarks and the fallback paths, interleaved and repeated five times
+# microbenchmarks and the fallback paths, interleaved and repeated nine times
 # (about 10 minutes on a 2-core machine). Results: bench/results/<timestamp>/
 # (results.md, runs.jsonl, summary.json, lat.png, bw.png).
 #   scripts/bench.sh               the full run
