@@ -328,24 +328,37 @@ def build_cases(env):
     def add(group, label, fn):
         cases.append((group, label, fn))
 
+    # Each shmverbs case next to the references it is compared with: this
+    # VM changes mode every few seconds (UCX put_lat 0.035, 0.055 or 0.24
+    # us), and a ratio of two figures taken 30 s apart compared one mode
+    # with another.
+    def fabric(size):
+        if size in fi_sizes:
+            add("libfabric", f"fi_pingpong {size_label(size)}", lambda s=size: case_fabric(env, s))
+
     for size in lat_sizes:
         for t in ("ib_write_lat", "ib_send_lat", "ib_read_lat"):
             add("shmverbs", f"{t} {size_label(size)}", lambda t=t, s=size: case_perftest(env, t, s))
-    add("shmverbs", "ib_atomic_lat 8 B", lambda: case_perftest(env, "ib_atomic_lat", 8))
+        if size == 8:
+            add("shmverbs", "ib_atomic_lat 8 B", lambda: case_perftest(env, "ib_atomic_lat", 8))
+        for t in ("put_lat", "tag_lat"):
+            add("ucx", f"{t} {size_label(size)}", lambda t=t, s=size: case_ucx(env, t, s))
+        fabric(size)
     for size in bw_sizes:
         for t in ("ib_write_bw", "ib_read_bw", "ib_send_bw"):
             add("shmverbs", f"{t} {size_label(size)}", lambda t=t, s=size: case_perftest(env, t, s))
-    for t in ("ib_write_bw", "ib_send_bw"):
-        add("shmverbs", f"{t} 8 B --post_list 16",
-            lambda t=t: case_perftest(env, t, 8, ("--post_list", "16"), name=f"{t}/8/post_list16"))
-    for size in lat_sizes:
-        for t in ("put_lat", "tag_lat"):
+        if size == 8:  # the message rates' references first
+            add("ucx", "tag_bw 8 B", lambda: case_ucx(env, "tag_bw", 8))
+            add("ucx", "am_bw 8 B short", lambda: case_ucx(env, "am_bw", 8))
+            for t in ("ib_write_bw", "ib_send_bw"):
+                add("shmverbs", f"{t} 8 B --post_list 16",
+                    lambda t=t: case_perftest(env, t, 8, ("--post_list", "16"),
+                                              name=f"{t}/8/post_list16"))
+            add("ucx", "ucp_am_bw 8 B", lambda: case_ucx(env, "ucp_am_bw", 8))
+        for t in ("put_bw",) if size == 8 else ("put_bw", "tag_bw"):
             add("ucx", f"{t} {size_label(size)}", lambda t=t, s=size: case_ucx(env, t, s))
-    for size in bw_sizes:
-        for t in ("put_bw", "tag_bw"):
-            add("ucx", f"{t} {size_label(size)}", lambda t=t, s=size: case_ucx(env, t, s))
-    add("ucx", "am_bw 8 B short", lambda: case_ucx(env, "am_bw", 8))
-    add("ucx", "ucp_am_bw 8 B", lambda: case_ucx(env, "ucp_am_bw", 8))
+        if size not in lat_sizes:
+            fabric(size)
     # Sender and receiver on one CPU: each runs only in the other's gaps.
     # UCX then manages some 10^4 messages/s: few iterations.
     add("oversubscribed", "ib_send_bw 8 B, both on one CPU",
@@ -353,16 +366,12 @@ def build_cases(env):
     add("oversubscribed", "am_bw 8 B short, both on one CPU",
         lambda: case_ucx(env, "am_bw", 8, pins=one_cpu(), iters=100 if smoke else 2000,
                          name="am_bw/8/one_cpu"))
-    for size in fi_sizes:
-        add("libfabric", f"fi_pingpong {size_label(size)}", lambda s=size: case_fabric(env, s))
-    for path in ("cma", "bounce"):
-        add("fallback", f"ib_write_lat 8 B {path}",
-            lambda p=path: case_perftest(env, "ib_write_lat", 8, memory_path=p,
-                                         name=f"ib_write_lat/8/{p}"))
-        add("fallback", f"ib_write_bw 1 MiB {path}",
-            lambda p=path: case_perftest(env, "ib_write_bw", MiB, memory_path=p,
-                                         name=f"ib_write_bw/{MiB}/{p}"))
     for size in (8, MiB):
+        for path in ("cma", "bounce"):
+            t = "ib_write_lat" if size == 8 else "ib_write_bw"
+            add("fallback", f"{t} {size_label(size)} {path}",
+                lambda t=t, s=size, p=path: case_perftest(env, t, s, memory_path=p,
+                                                          name=f"{t}/{s}/{p}"))
         add("fallback", f"fi_pingpong {size_label(size)} FI_SHM_DISABLE_CMA=1",
             lambda s=size: case_fabric(env, s, no_cma=True))
     add("ref", "ref-bench (memcpy, ping-pong)", lambda: case_json_binary(env, "ref-bench"))
