@@ -736,8 +736,9 @@ int QpEngine::submit(std::span<SendWr> batch)
 	sq_lock_.lock();
 	/* The usual batch: one WR to an empty queue, which the direct path
 	 * takes (ib_write_lat's every post). It needs none of the loop's
-	 * bookkeeping below, ~50 instructions on the way to the peer's memory
-	 * (callgrind). The builders checked the queue's room for it. */
+	 * bookkeeping below (callgrind, ibv_wr_complete per ib_write_lat
+	 * post: 379 -> 354 instructions). The builders checked the queue's
+	 * room for it. */
 	if (batch.size() == 1 && sq_.empty() && sq_runs(state_.load())) {
 		if (in_mask(direct_ops_ & send_ops, batch[0].opcode))
 			prefetch_send_lines(); /* RC, UC */
