@@ -202,28 +202,35 @@ unsigned log2_of(uint32_t capacity) { return unsigned(__builtin_ctz(capacity)); 
 
 using cq_detail::monotonic_ns;
 
+/* How long a claim may stay unpublished before the consumer asks whether
+ * its producer died, and how often it asks again: a live producer fills
+ * its slot within nanoseconds of its claim, unless it lost its CPU in
+ * between. A consumer polling the slot a producer is writing sees the
+ * claim often (ib_send_bw's receiver, at every few messages); asking the
+ * kernel each time cost it a system call (~1 us here) per sighting. */
+constexpr uint64_t claim_grace_ns = 50000;
+
 /* Whether the producer `pid` that claimed slot `index` of `ring` and has not
- * filled it will never do so. Gone (kill: ESRCH): at once. A zombie (killed,
- * not yet reaped by its parent, who may be the very process polling): only
- * for a claim this thread has seen outstanding for over a millisecond, since
- * telling a zombie reads /proc and a live producer fills its slot within
- * nanoseconds. */
-bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid)
+ * filled it will never do so. Asked only of a claim `watch` has seen
+ * outstanding for claim_grace_ns, and then once per claim_grace_ns at
+ * most. Gone (kill: ESRCH): at once. A zombie (killed, not yet reaped by
+ * its parent, who may be the very process polling): only for a claim seen
+ * outstanding for over a millisecond, since telling a zombie reads /proc. */
+bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid, ClaimWatch &watch)
 {
 	if (!pid)
 		return false;
-	if (::kill(pid_t(pid), 0) != 0)
-		return errno == ESRCH;
-	thread_local const shm::CqRing *seen_ring = nullptr;
-	thread_local uint64_t seen_index = 0, seen_ns = 0;
 	const uint64_t now = monotonic_ns();
-	if (seen_ring != &ring || seen_index != index) {
-		seen_ring = &ring;
-		seen_index = index;
-		seen_ns = now;
+	if (watch.ring != &ring || watch.index != index || watch.pid != pid) {
+		watch = {&ring, index, pid, now, now};
 		return false;
 	}
-	return now - seen_ns >= 1000000 && process_gone(pid_t(pid));
+	if (now - watch.checked_ns < claim_grace_ns)
+		return false;
+	watch.checked_ns = now;
+	if (::kill(pid_t(pid), 0) != 0)
+		return errno == ESRCH;
+	return now - watch.since_ns >= 1000000 && process_gone(pid_t(pid));
 }
 
 /* Nothing to poll and no overrun to report: three loads (cons, the slot
@@ -276,10 +283,10 @@ namespace {
  * claimed for it by a producer that died (the consumer skips it). Out of
  * the consumer's loop: the rare case. */
 [[gnu::noinline, gnu::cold]] bool abandoned(const shm::CqRing &ring, uint64_t index, uint64_t st,
-					    uint64_t tag)
+					    uint64_t tag, ClaimWatch &watch)
 {
 	return (st & shm::cq_slot_tag_mask) == tag &&
-	       claim_abandoned(ring, index, uint32_t(st & shm::cq_slot_pid_mask));
+	       claim_abandoned(ring, index, uint32_t(st & shm::cq_slot_pid_mask), watch);
 }
 
 /* Whether the consumer stops before the entry `e`, whose completion event
@@ -308,7 +315,7 @@ namespace {
  * held back (held_back()). */
 template <typename Decode>
 int consume(shm::CqRing &ring, uint32_t capacity, int max, const std::atomic<uint64_t> *events_taken,
-	    bool continuing, Decode &&decode)
+	    bool continuing, ClaimWatch &watch, Decode &&decode)
 {
 	const unsigned lg = log2_of(capacity);
 	const uint64_t first = ring.cons.load(std::memory_order_relaxed);
@@ -326,7 +333,7 @@ int consume(shm::CqRing &ring, uint32_t capacity, int max, const std::atomic<uin
 			decode(*e, n);
 			n++;
 		} else if ((st & shm::cq_slot_kind_mask) != shm::cq_slot_claimed ||
-			   !abandoned(ring, c, st, tag)) {
+			   !abandoned(ring, c, st, tag, watch)) {
 			break; /* empty, or being filled */
 		}
 		/* Free for the next lap (a dead producer's slot: skipped).
@@ -366,9 +373,9 @@ uint64_t occupied(const shm::CqRing &ring, uint32_t capacity)
 
 } // namespace
 
-bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out)
+bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out, ClaimWatch &watch)
 {
-	return consume(ring, capacity, 1, nullptr, false,
+	return consume(ring, capacity, 1, nullptr, false, watch,
 		       [&](const shm::CqEntry &e, int) { read_entry(e, out); }) == 1;
 }
 
@@ -377,7 +384,7 @@ namespace {
 /* Takes the oldest published completion; caller holds cq.lock. */
 bool pop_completion(Cq &cq, Completion &out)
 {
-	return cq_ring_consume(*cq.ring, cq.capacity, out);
+	return cq_ring_consume(*cq.ring, cq.capacity, out, cq.claim_watch);
 }
 
 /* Raises IBV_EVENT_CQ_ERR once for an overflow that any producer (maybe in
@@ -444,6 +451,7 @@ void wait_head_published(const Cq &cq)
 	const shm::CqEntry *e = slot_at(ring, cq.capacity, c);
 	const uint64_t tag = shm::cq_slot_tag(c, lg);
 	const uint64_t deadline = monotonic_ns() + 1000000000ull;
+	ClaimWatch watch; /* this wait's own: the poller may hold the CQ's */
 	for (unsigned round = 0;; round++) {
 		const uint64_t st = e->state.load(std::memory_order_acquire);
 		if ((st & shm::cq_slot_kind_mask) != shm::cq_slot_claimed ||
@@ -453,7 +461,7 @@ void wait_head_published(const Cq &cq)
 			cpu_relax();
 			continue;
 		}
-		if (claim_abandoned(ring, c, uint32_t(st & shm::cq_slot_pid_mask)) ||
+		if (claim_abandoned(ring, c, uint32_t(st & shm::cq_slot_pid_mask), watch) ||
 		    monotonic_ns() > deadline)
 			return;
 		/* The producer is off its CPU: give it ours. */
@@ -478,7 +486,7 @@ bool load_current(Cq &cq, bool continuing)
 	/* What the read_* helpers report: the ibv_wc and the timestamp (the
 	 * other fields of `current` are never anything but zero). */
 	Completion &c = cq.current;
-	if (consume(*cq.ring, cq.capacity, 1, events_of(cq), continuing,
+	if (consume(*cq.ring, cq.capacity, 1, events_of(cq), continuing, cq.claim_watch,
 		    [&](const shm::CqEntry &e, int) {
 		    read_wc(e, c.wc);
 		    c.timestamp_ns = e.timestamp_ns;
@@ -967,7 +975,7 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	std::lock_guard guard(cq.lock);
 	if (cq.ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
 		report_overrun(cq);
-	return consume(*cq.ring, cq.capacity, num_entries, events_of(cq), false,
+	return consume(*cq.ring, cq.capacity, num_entries, events_of(cq), false, cq.claim_watch,
 		       [&](const shm::CqEntry &e, int i) {
 			       read_wc(e, wc[i]);
 			       if (e.rq_head && cq.rq_heads[0]) /* never set with timestamps */

@@ -167,6 +167,20 @@ private:
 	uint32_t depth_ = 0; /* nested lock() calls of the holder */
 };
 
+/*
+ * The claimed slot a consumer found at its ring's cons last (a producer
+ * still writing it) and since when: the consumer asks whether that
+ * producer died only once the claim has outlived the time any live
+ * producer needs to fill a slot (lib/cq.cpp claim_abandoned()).
+ */
+struct ClaimWatch {
+	const void *ring = nullptr;
+	uint64_t index = 0;
+	uint32_t pid = 0;
+	uint64_t since_ns = 0;   /* first seen */
+	uint64_t checked_ns = 0; /* last asked the kernel */
+};
+
 struct Cq {
 	/* ibv_cq_ex begins with the fields of ibv_cq, so one object serves
 	 * both ibv_create_cq() and ibv_create_cq_ex() (ibv_cq_ex_to_cq casts). */
@@ -202,6 +216,7 @@ struct Cq {
 	uint64_t ring_bytes = 0;
 	uint32_t capacity = 0;         /* slots, copied from the ring at creation */
 	bool overrun_reported = false; /* IBV_EVENT_CQ_ERR was raised (under lock) */
+	ClaimWatch claim_watch;        /* the consumer's, under lock */
 	Completion current{};          /* the entry ibv_cq_ex read_* report */
 	/* Completions the thread inside a start_poll() batch produced into this
 	 * CQ, published at end_poll() (deliver_completion()); under lock. */
@@ -300,9 +315,10 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 /* The same for a PlainCompletion (the data path's): inline in
  * lib/cq_produce.h. */
 /* The consumer side (the owner, under its CQ lock): takes the oldest
- * published completion; skips slots whose producer died holding them.
- * false when there is none ready. */
-bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out);
+ * published completion; skips slots whose producer died holding them
+ * (`watch`: the consumer's, kept from call to call). false when there is
+ * none ready. */
+bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out, ClaimWatch &watch);
 /* Slot bytes of a ring holding `capacity` completions. */
 uint64_t cq_ring_bytes(uint32_t capacity);
 
