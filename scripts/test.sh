@@ -34,6 +34,22 @@ PY
 	passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
 }
 
+# A sanitizer report anywhere in a suite's log fails the run, also one from
+# a process whose exit status no test looks at (a test's helper processes,
+# a peer it started): the log holds the output of every test, passed or not.
+reports=0
+report_pattern='WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:'
+scan_reports() {
+	local name=$1 log=$2/meson-logs/testlog.txt n
+	n=$(grep -cE "$report_pattern" "$log" || true)
+	if [ "$n" -gt 0 ]; then
+		echo "=== $name: $n sanitizer report(s) in $log:" >&2
+		grep -E -A12 "$report_pattern" "$log" | head -200 >&2
+		reports=$((reports + n))
+		status=1
+	fi
+}
+
 run_suite() {
 	local name=$1 dir=$2
 	shift 2
@@ -44,6 +60,7 @@ run_suite() {
 		status=1
 	fi
 	count_results "$dir"
+	scan_reports "$name" "$dir"
 }
 
 run_suite "default" "$top/build"
@@ -56,5 +73,5 @@ fi
 if [ $status -ne 0 ]; then
 	echo "=== some tests FAILED" >&2
 fi
-echo "$passed passed, $failed failed, $skipped skipped"
+echo "$passed passed, $failed failed, $skipped skipped, $reports sanitizer reports"
 exit $status
