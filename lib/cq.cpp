@@ -1142,7 +1142,7 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uin
 }
 
 void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bool solicited,
-			  int channel_fd)
+			  const CqChannel &channel)
 {
 	/* Armed already: the entry carries its event, which is counted
 	 * before the consumer can see the entry (shm_layout.h CqRing). */
@@ -1151,8 +1151,11 @@ void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bo
 	/* Publish, then look at the arm (again): ordered against
 	 * req_notify_cq's store of the arm and its poll after it. */
 	e.state.store(ready, std::memory_order_seq_cst);
-	if (raised || disarm(ring, solicited))
-		write_token(channel_fd);
+	if (!raised && !disarm(ring, solicited))
+		return;
+	/* A peer's descriptor, held until the token is written. */
+	write_token(channel.attached ? int(fetch_channel_fd(channel.device, channel.kind, channel.id))
+				     : channel.fd);
 }
 
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
@@ -1171,8 +1174,8 @@ void report_overrun_locked(Cq &cq)
 
 } // namespace cq_detail
 
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
-		    bool *overrun_now, uint64_t *cons_seen)
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c,
+		    const CqChannel &channel, bool *overrun_now, uint64_t *cons_seen)
 {
 	/* A Completion gives no RQ head (CqEntry::rq_head; only the direct
 	 * SEND's PlainCompletion does): where that word is not the time it
@@ -1185,7 +1188,7 @@ int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, i
 			if (!ring.timestamps)
 				e.rq_head = 0;
 		},
-		channel_fd, overrun_now, cons_seen);
+		channel, overrun_now, cons_seen);
 }
 
 int deliver_completion(Cq &cq, const Completion &c)
@@ -1200,8 +1203,8 @@ int deliver_completion(Cq &cq, const Completion &c)
 		return 0;
 	}
 	bool overrun_now = false;
-	int err = cq_ring_produce(*cq.ring, cq.capacity, c, cq.channel ? cq.channel->ibv.fd : -1,
-				  &overrun_now);
+	int err = cq_ring_produce(*cq.ring, cq.capacity, c,
+				  CqChannel::of(cq.channel ? cq.channel->ibv.fd : -1), &overrun_now);
 	if (overrun_now) {
 		std::lock_guard guard(cq.lock);
 		report_overrun(cq);

@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include "broker_protocol.h"
 #include "context.h"
 #include "pd.h"
 #include "shm_layout.h"
@@ -168,6 +169,32 @@ private:
 };
 
 /*
+ * The completion channel a producer writes a token to when its completion
+ * disarms the CQ: the eventfd itself where the producer holds it (a CQ of
+ * its own process), or, for a peer's CQ, the broker object the owner
+ * attached it to (lib/segment.h fetch_channel_fd()), looked up only when a
+ * token is due: a SEND into a peer's CQ that has a channel but is not
+ * armed (most of an event-driven receiver's, ibv_rc_pingpong -e) pays the
+ * arm's loads, not the lookup of the descriptor (a mutex, a map and a
+ * shared_ptr's two counts).
+ */
+struct CqChannel {
+	int fd = -1;
+	bool attached = false; /* fetch (device, kind, id) when a token is due */
+	uint32_t device = 0;
+	broker::ObjectKind kind = broker::ObjectKind::Qp;
+	uint32_t id = 0;
+
+	static CqChannel none() { return {}; }
+	static CqChannel of(int fd) { return {fd, false, 0, broker::ObjectKind::Qp, 0}; }
+	static CqChannel attached_to(uint32_t device, broker::ObjectKind kind, uint32_t id)
+	{
+		return {-1, true, device, kind, id};
+	}
+	bool any() const { return fd >= 0 || attached; }
+};
+
+/*
  * The claimed slot a consumer found at its ring's cons last (a producer
  * still writing it) and since when: the consumer asks whether that
  * producer died only once the claim has outlived the time any live
@@ -302,16 +329,17 @@ int deliver_completion(Cq &cq, const Completion &c);
 /*
  * The producer side for any process: appends to a CQ ring (mapped from the
  * owner's segment, capacity validated by the caller) and, when the ring is
- * armed for this completion, disarms it and writes a token to `channel_fd`
- * (-1: no channel). Returns 0, or ENOSPC when the ring was full (the ring's
+ * armed for this completion, disarms it and writes a token to `channel`'s
+ * eventfd (CqChannel::none(): no channel). Returns 0, or ENOSPC when the ring was full (the ring's
  * overrun word is then set; the owner raises IBV_EVENT_CQ_ERR).
  * *overrun_now is set when this call overflowed the CQ first. `cons_seen`
  * (optional, the caller's per-ring memory, 0 at first): the consumer index
  * as last read; cons is re-read only when that copy says the ring is full,
  * which saves a cache-line transfer per completion to a busy consumer.
  */
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c, int channel_fd,
-		    bool *overrun_now = nullptr, uint64_t *cons_seen = nullptr);
+int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c,
+		    const CqChannel &channel, bool *overrun_now = nullptr,
+		    uint64_t *cons_seen = nullptr);
 /* The same for a PlainCompletion (the data path's): inline in
  * lib/cq_produce.h. */
 /* The consumer side (the owner, under its CQ lock): takes the oldest

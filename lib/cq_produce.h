@@ -45,7 +45,7 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uin
  * before and after the seq_cst store of `ready`, the token written by the
  * producer that disarmed it. */
 void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bool solicited,
-			  int channel_fd);
+			  const CqChannel &channel);
 uint64_t monotonic_ns();
 /* deliver_send_completion() from inside a poll batch of the CQ, and the
  * report of an overrun it caused: out of line, rare. */
@@ -82,7 +82,7 @@ inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
  * it, the test hook). `solicited`: the completion counts as solicited. */
 template <typename Fill>
 [[gnu::always_inline]] inline int produce(shm::CqRing &ring, uint32_t capacity, bool solicited,
-					  bool stamped, Fill &&fill, int channel_fd,
+					  bool stamped, Fill &&fill, const CqChannel &channel,
 					  bool *overrun_now, uint64_t *cons_seen)
 {
 	if (overrun_now)
@@ -121,25 +121,25 @@ template <typename Fill>
 	if (ring.timestamps && !stamped) [[unlikely]]
 		e->timestamp_ns = monotonic_ns();
 	const uint64_t ready = shm::cq_slot_ready | tag;
-	if (channel_fd < 0) {
+	if (!channel.any()) {
 		/* No event can be delivered: the release store pairs with the
 		 * consumer's load of the state, and nothing else is ordered. */
 		e->state.store(ready, std::memory_order_release);
 		return 0;
 	}
-	publish_with_channel(ring, *e, ready, solicited, channel_fd);
+	publish_with_channel(ring, *e, ready, solicited, channel);
 	return 0;
 }
 
 } // namespace cq_detail
 
 [[gnu::always_inline]] inline int cq_ring_produce(shm::CqRing &ring, uint32_t capacity,
-						  const PlainCompletion &c, int channel_fd,
+						  const PlainCompletion &c, const CqChannel &channel,
 						  uint64_t *cons_seen)
 {
 	return cq_detail::produce(
 		ring, capacity, c.solicited || c.status != IBV_WC_SUCCESS, false,
-		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); }, channel_fd, nullptr,
+		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); }, channel, nullptr,
 		cons_seen);
 }
 
@@ -155,7 +155,7 @@ inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status st
 	const int err = cq_detail::produce(
 		*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false,
 		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); },
-		cq.channel ? cq.channel->ibv.fd : -1, &overrun_now, nullptr);
+		CqChannel::of(cq.channel ? cq.channel->ibv.fd : -1), &overrun_now, nullptr);
 	if (overrun_now) [[unlikely]]
 		cq_detail::report_overrun_locked(cq);
 	return err;

@@ -1191,9 +1191,9 @@ bool QpEngine::progress()
 			if (recv_cq_seen_.ring != ring)
 				recv_cq_seen_ = {ring, 0};
 			cq_ring_produce(*ring, cap, rc,
-					rs.cq_has_channel
-						? fetch_channel_fd(device_, rs.channel_kind, rs.channel_id)
-						: -1,
+					rs.cq_has_channel ? CqChannel::attached_to(device_, rs.channel_kind,
+										   rs.channel_id)
+							  : CqChannel::none(),
 					nullptr, &recv_cq_seen_.cons);
 		}
 	};
@@ -1853,8 +1853,9 @@ bool QpEngine::send_direct(enum ibv_wr_opcode opcode, unsigned int send_flags, u
 	if (recv_cq_seen_.ring != target_.cq)
 		recv_cq_seen_ = {target_.cq, 0};
 	cq_ring_produce(*target_.cq, target_.cq_cap, rc,
-			t.recv_cq_has_channel ? fetch_channel_fd(device_, broker::ObjectKind::Qp, t.qpn)
-					      : -1,
+			t.recv_cq_has_channel
+				? CqChannel::attached_to(device_, broker::ObjectKind::Qp, t.qpn)
+				: CqChannel::none(),
 			&recv_cq_seen_.cons);
 	return true;
 }

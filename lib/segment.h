@@ -178,7 +178,7 @@ int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerOb
  * ChannelFd of it lives: the cache closes its copy when the owner is gone
  * (PeerGone) or the object is forgotten, so use the returned value within
  * the expression that fetched it, e.g.
- *   cq_ring_produce(ring, cap, c, has_channel ? fetch_channel_fd(...) : -1);
+ *   write_token(fetch_channel_fd(...));   (lib/cq.cpp publish_with_channel())
  * where the temporary outlives the call.
  */
 class ChannelFd {

@@ -457,8 +457,8 @@ bool takes_messages(uint32_t st)
 	if (t.cq)
 		cq_ring_produce(*t.cq, t.cq_cap, rc,
 				t.desc->recv_cq_has_channel
-					? fetch_channel_fd(t.device, broker::ObjectKind::Qp, t.qpn)
-					: -1,
+					? CqChannel::attached_to(t.device, broker::ObjectKind::Qp, t.qpn)
+					: CqChannel::none(),
 				&t.cq_cons);
 	if (rc.status != IBV_WC_SUCCESS)
 		t.desc->remote_error.store(shm::remote_error_fatal, std::memory_order_release);

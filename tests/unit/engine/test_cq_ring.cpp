@@ -57,7 +57,7 @@ struct RingMem {
 	{
 		Completion c{};
 		c.wc.wr_id = wr_id;
-		return cq_ring_produce(*ring, capacity, c, -1);
+		return cq_ring_produce(*ring, capacity, c, CqChannel::none());
 	}
 	/* What a producer leaves when it dies right after its claim (and,
 	 * with move_prod false, before it noted it in prod). */
@@ -287,7 +287,7 @@ TEST_CASE("CQ ring: concurrent producers over many laps: every completion once, 
 					std::this_thread::yield();
 				Completion c{};
 				c.wc.wr_id = (uint64_t(t) << 32) | i;
-				if (cq_ring_produce(*r.ring, r.capacity, c, -1) != 0) {
+				if (cq_ring_produce(*r.ring, r.capacity, c, CqChannel::none()) != 0) {
 					refused++;
 					stop = true;
 				}
@@ -355,7 +355,7 @@ TEST_CASE("CQ ring: an event waits for a slot claimed before the completion that
 		r.claim_as(uint32_t(getpid()));
 		Completion c{};
 		c.wc.wr_id = 2;
-		REQUIRE(cq_ring_produce(*r.ring, r.capacity, c, ch.ibv.fd) == 0);
+		REQUIRE(cq_ring_produce(*r.ring, r.capacity, c, CqChannel::of(ch.ibv.fd)) == 0);
 		auto waiter = get_event();
 		CHECK(waiter.wait_for(100ms) == std::future_status::timeout);
 		r.slot(0).wr_id = 1;
@@ -371,7 +371,7 @@ TEST_CASE("CQ ring: an event waits for a slot claimed before the completion that
 		r.claim_as(dead_pid());
 		Completion c{};
 		c.wc.wr_id = 2;
-		REQUIRE(cq_ring_produce(*r.ring, r.capacity, c, ch.ibv.fd) == 0);
+		REQUIRE(cq_ring_produce(*r.ring, r.capacity, c, CqChannel::of(ch.ibv.fd)) == 0);
 		/* Well before the wait's bound of a second. */
 		auto waiter = get_event();
 		REQUIRE(waiter.wait_for(500ms) == std::future_status::ready);

@@ -142,6 +142,21 @@ int count_fds()
 	return n - 1; /* the directory's own */
 }
 
+int count_eventfds()
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/fd");
+	REQUIRE(d);
+	while (struct dirent *e = readdir(d)) {
+		char path[300], target[64] = {};
+		std::snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		ssize_t len = readlink(path, target, sizeof(target) - 1);
+		n += len > 0 && std::strcmp(target, "anon_inode:[eventfd]") == 0;
+	}
+	closedir(d);
+	return n;
+}
+
 bool eventually(const std::function<bool()> &pred, int ms)
 {
 	auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);

@@ -105,6 +105,8 @@ private:
 
 /* Open descriptors of this process. */
 int count_fds();
+/* Of those, the eventfds (a completion channel's, among others). */
+int count_eventfds();
 
 /* Polls until pred() or ms elapsed; pred()'s last value. */
 bool eventually(const std::function<bool()> &pred, int ms = 10000);

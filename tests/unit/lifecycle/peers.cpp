@@ -25,8 +25,10 @@ bool wait_one(struct ibv_cq *cq, struct ibv_wc &wc, int ms = 10000)
 
 /* A UD QP whose CQ has a completion channel: prints "qpn N", receives one
  * message, prints "got STATUS"; then exits, or with "wait" first reads a
- * line (the test kills it meanwhile). */
-int ud_receiver(bool wait)
+ * line (the test kills it meanwhile). "armed": the CQ is armed before
+ * "qpn N" and the message waited for with ibv_get_cq_event() (10 s at
+ * most: "no event"). */
+int ud_receiver(bool wait, bool armed)
 {
 	Dev d(IBV_QPT_UD, true);
 	std::vector<char> buf(4096);
@@ -37,7 +39,20 @@ int ud_receiver(bool wait)
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
 	NEED(ibv_post_recv(d.qp, &wr, &bad) == 0);
+	if (armed)
+		NEED(ibv_req_notify_cq(d.cq, 0) == 0);
 	std::printf("qpn %u\n", d.qp->qp_num);
+	if (armed) {
+		struct pollfd p = {d.ch->fd, POLLIN, 0};
+		if (poll(&p, 1, 10000) != 1) {
+			std::printf("no event\n");
+			return 1;
+		}
+		struct ibv_cq *ev_cq = nullptr;
+		void *ev_ctx = nullptr;
+		NEED((ibv_get_cq_event(d.ch, &ev_cq, &ev_ctx) == 0 && ev_cq == d.cq));
+		ibv_ack_cq_events(d.cq, 1);
+	}
 	struct ibv_wc wc{};
 	NEED(wait_one(d.cq, wc));
 	std::printf("got %d\n", int(wc.status));
@@ -106,7 +121,8 @@ int peer_main(const char *role, int argc, char **argv)
 	in_peer = true;
 	setvbuf(stdout, nullptr, _IOLBF, 0);
 	if (std::strcmp(role, "ud-receiver") == 0)
-		return ud_receiver(argc > 0 && std::strcmp(argv[0], "wait") == 0);
+		return ud_receiver(argc > 0 && std::strcmp(argv[0], "wait") == 0,
+				   argc > 1 && std::strcmp(argv[1], "armed") == 0);
 	if (std::strcmp(role, "rc-streamer") == 0)
 		return rc_streamer();
 	std::fprintf(stderr, "unknown peer role %s\n", role);
