@@ -1142,7 +1142,7 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uin
 }
 
 void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bool solicited,
-			  const CqChannel &channel)
+			  CqChannel channel)
 {
 	/* Armed already: the entry carries its event, which is counted
 	 * before the consumer can see the entry (shm_layout.h CqRing). */
@@ -1175,7 +1175,7 @@ void report_overrun_locked(Cq &cq)
 } // namespace cq_detail
 
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c,
-		    const CqChannel &channel, bool *overrun_now, uint64_t *cons_seen)
+		    CqChannel channel, bool *overrun_now, uint64_t *cons_seen)
 {
 	/* A Completion gives no RQ head (CqEntry::rq_head; only the direct
 	 * SEND's PlainCompletion does): where that word is not the time it

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 namespace shmverbs {
@@ -180,19 +181,22 @@ private:
  */
 struct CqChannel {
 	int fd = -1;
-	bool attached = false; /* fetch (device, kind, id) when a token is due */
 	uint32_t device = 0;
-	broker::ObjectKind kind = broker::ObjectKind::Qp;
 	uint32_t id = 0;
+	broker::ObjectKind kind = broker::ObjectKind::Qp;
+	bool attached = false; /* fetch (device, kind, id) when a token is due */
 
 	static CqChannel none() { return {}; }
-	static CqChannel of(int fd) { return {fd, false, 0, broker::ObjectKind::Qp, 0}; }
+	static CqChannel of(int fd) { return {fd, 0, 0, broker::ObjectKind::Qp, false}; }
 	static CqChannel attached_to(uint32_t device, broker::ObjectKind kind, uint32_t id)
 	{
-		return {-1, true, device, kind, id};
+		return {-1, device, id, kind, true};
 	}
 	bool any() const { return fd >= 0 || attached; }
 };
+/* Passed by value, in two registers: a producer without a channel pays a
+ * compare, not a struct in memory. */
+static_assert(sizeof(CqChannel) <= 16 && std::is_trivially_copyable_v<CqChannel>);
 
 /*
  * The claimed slot a consumer found at its ring's cons last (a producer
@@ -338,7 +342,7 @@ int deliver_completion(Cq &cq, const Completion &c);
  * which saves a cache-line transfer per completion to a busy consumer.
  */
 int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c,
-		    const CqChannel &channel, bool *overrun_now = nullptr,
+		    CqChannel channel, bool *overrun_now = nullptr,
 		    uint64_t *cons_seen = nullptr);
 /* The same for a PlainCompletion (the data path's): inline in
  * lib/cq_produce.h. */

@@ -45,7 +45,7 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uin
  * before and after the seq_cst store of `ready`, the token written by the
  * producer that disarmed it. */
 void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bool solicited,
-			  const CqChannel &channel);
+			  CqChannel channel);
 uint64_t monotonic_ns();
 /* deliver_send_completion() from inside a poll batch of the CQ, and the
  * report of an overrun it caused: out of line, rare. */
@@ -82,7 +82,7 @@ inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
  * it, the test hook). `solicited`: the completion counts as solicited. */
 template <typename Fill>
 [[gnu::always_inline]] inline int produce(shm::CqRing &ring, uint32_t capacity, bool solicited,
-					  bool stamped, Fill &&fill, const CqChannel &channel,
+					  bool stamped, Fill &&fill, CqChannel channel,
 					  bool *overrun_now, uint64_t *cons_seen)
 {
 	if (overrun_now)
@@ -134,7 +134,7 @@ template <typename Fill>
 } // namespace cq_detail
 
 [[gnu::always_inline]] inline int cq_ring_produce(shm::CqRing &ring, uint32_t capacity,
-						  const PlainCompletion &c, const CqChannel &channel,
+						  const PlainCompletion &c, CqChannel channel,
 						  uint64_t *cons_seen)
 {
 	return cq_detail::produce(
