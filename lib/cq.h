@@ -334,8 +334,9 @@ int deliver_completion(Cq &cq, const Completion &c);
  * The producer side for any process: appends to a CQ ring (mapped from the
  * owner's segment, capacity validated by the caller) and, when the ring is
  * armed for this completion, disarms it and writes a token to `channel`'s
- * eventfd (CqChannel::none(): no channel). Returns 0, or ENOSPC when the ring was full (the ring's
- * overrun word is then set; the owner raises IBV_EVENT_CQ_ERR).
+ * eventfd (CqChannel::none(): no channel). Returns 0, or ENOSPC when the
+ * ring was full (the ring's overrun word is then set; the owner raises
+ * IBV_EVENT_CQ_ERR).
  * *overrun_now is set when this call overflowed the CQ first. `cons_seen`
  * (optional, the caller's per-ring memory, 0 at first): the consumer index
  * as last read; cons is re-read only when that copy says the ring is full,
