@@ -302,6 +302,45 @@ TEST_CASE("ibv_resize_cq rounds, keeps completions and refuses to drop them", "[
 	CHECK(ibv_destroy_cq(cq) == 0);
 }
 
+TEST_CASE("ibv_resize_cq: a ring outgrown moves its unpolled completions in order", "[cq][resize]")
+{
+	Device d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 3, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	REQUIRE(cq->cqe == 3); /* a ring of 4 */
+	struct ibv_wc wc[8];
+	/* Six taken and polled: the next index is 6, its slot the third, so
+	 * that the three left unpolled wrap around the ring's end. */
+	for (uint64_t i = 0; i < 6; i++) {
+		struct ibv_wc one = make_wc(i);
+		REQUIRE(shmverbs_inject_completion(cq, &one, 0) == 0);
+		REQUIRE(ibv_poll_cq(cq, 1, wc) == 1);
+	}
+	for (uint64_t i = 6; i < 9; i++) {
+		struct ibv_wc one = make_wc(i);
+		REQUIRE(shmverbs_inject_completion(cq, &one, 0) == 0);
+	}
+	REQUIRE(ibv_resize_cq(cq, 100) == 0);
+	CHECK(cq->cqe == 127);
+	/* Completions written after the move follow the moved ones. */
+	for (uint64_t i = 9; i < 11; i++) {
+		struct ibv_wc one = make_wc(i);
+		REQUIRE(shmverbs_inject_completion(cq, &one, 0) == 0);
+	}
+	REQUIRE(ibv_poll_cq(cq, 8, wc) == 5);
+	for (int i = 0; i < 5; i++)
+		CHECK(wc[i].wr_id == uint64_t(6 + i));
+	CHECK(ibv_poll_cq(cq, 8, wc) == 0);
+	/* The new ring holds all it promises: 127 more, not one beyond. */
+	for (uint64_t i = 0; i < 127; i++) {
+		struct ibv_wc one = make_wc(100 + i);
+		REQUIRE(shmverbs_inject_completion(cq, &one, 0) == 0);
+	}
+	struct ibv_wc over = make_wc(999);
+	CHECK(shmverbs_inject_completion(cq, &over, 0) == ENOSPC);
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
 TEST_CASE("ibv_modify_cq: moderation as mlx5_ib accepts it", "[cq][modify]")
 {
 	Device d;
