@@ -1249,6 +1249,62 @@ TEST_CASE("UD: QPs on an SRQ and one with its own RQ, alternating in one post", 
 	CHECK(ibv_destroy_srq(srq) == 0);
 }
 
+TEST_CASE("UD multicast: a member on an SRQ takes its receive from the SRQ", "[ud][srq]")
+{
+	UdPair p;
+	struct ibv_srq_init_attr sa{};
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 1;
+	struct ibv_srq *srq = ibv_create_srq(p.d.pd, &sa);
+	REQUIRE(srq);
+	struct ibv_qp *m = make_qp(p.d, p.cq, IBV_QPT_UD, srq);
+	REQUIRE(m);
+	REQUIRE(to_rts(m, IBV_QPT_UD) == 0);
+	union ibv_gid mgid{};
+	mgid.raw[0] = 0xff;
+	mgid.raw[15] = 9;
+	REQUIRE(ibv_attach_mcast(m, &mgid, 0xc009) == 0);
+	REQUIRE(ibv_attach_mcast(p.b, &mgid, 0xc009) == 0);
+	std::memset(p.d.buf.data() + 4096, 0, 512);
+	REQUIRE(post_srq(srq, p.d.sge(4096, 256), 1) == 0);
+	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 2) == 0);
+	struct ibv_ah_attr at{};
+	at.dlid = 0xc009;
+	at.port_num = 1;
+	at.is_global = 1;
+	at.grh.dgid = mgid;
+	struct ibv_ah *ah = ibv_create_ah(p.d.pd, &at);
+	REQUIRE(ah);
+	std::memcpy(p.d.buf.data(), "to-srq", 6);
+	REQUIRE(send(p.a, p.d.sge(0, 6), 10, ah, 0xffffff) == 0);
+	int sends = 0;
+	auto recv = drain_recvs(p.cq, sends);
+	CHECK(sends == 1);
+	REQUIRE(recv.size() == 2);
+	bool srq_got = false, b_got = false;
+	for (const auto &wc : recv) {
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.byte_len == 40 + 6); /* the GRH, then the payload */
+		srq_got |= wc.qp_num == m->qp_num && wc.wr_id == 1;
+		b_got |= wc.qp_num == p.b->qp_num && wc.wr_id == 2;
+	}
+	CHECK(srq_got);
+	CHECK(b_got);
+	CHECK(std::memcmp(p.d.buf.data() + 4096 + 40, "to-srq", 6) == 0);
+	/* Its SRQ empty, the member drops the next one; b still takes it. */
+	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 3) == 0);
+	REQUIRE(send(p.a, p.d.sge(0, 6), 11, ah, 0xffffff) == 0);
+	recv = drain_recvs(p.cq, sends);
+	CHECK(sends == 1);
+	REQUIRE(recv.size() == 1);
+	CHECK((recv[0].qp_num == p.b->qp_num && recv[0].wr_id == 3));
+	REQUIRE(ibv_detach_mcast(m, &mgid, 0xc009) == 0);
+	REQUIRE(ibv_detach_mcast(p.b, &mgid, 0xc009) == 0);
+	ibv_destroy_ah(ah);
+	CHECK(ibv_destroy_qp(m) == 0);
+	CHECK(ibv_destroy_srq(srq) == 0);
+}
+
 TEST_CASE("UD: several threads post receives to one QP at once; each WQE is taken once",
 	  "[ud]")
 {
