@@ -60,3 +60,84 @@ TEST_CASE("open, query and close the emulated device", "[device]")
 
 	REQUIRE(ibv_close_device(ctx) == 0);
 }
+
+/* ibv_query_gid_ex() and ibv_query_gid_table() as rdma-core 44 answers
+ * them without the kernel's ioctl (libibverbs/cmd_device.c): flags are
+ * EOPNOTSUPP, an empty entry within the table ENODATA, a table larger
+ * than the caller's array EINVAL (negative from the table call). */
+TEST_CASE("ibv_query_gid_ex and ibv_query_gid_table on InfiniBand", "[device][gid]")
+{
+	struct ibv_device **list = ibv_get_device_list(nullptr);
+	REQUIRE(list);
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	REQUIRE(ctx);
+
+	struct ibv_gid_entry e;
+	std::memset(&e, 0xa5, sizeof(e));
+	REQUIRE(ibv_query_gid_ex(ctx, 1, 0, &e, 0) == 0);
+	union ibv_gid gid;
+	REQUIRE(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+	CHECK(std::memcmp(&e.gid, &gid, sizeof(gid)) == 0);
+	CHECK(e.gid_index == 0);
+	CHECK(e.port_num == 1);
+	CHECK(e.gid_type == IBV_GID_TYPE_IB);
+	CHECK(e.ndev_ifindex == 0);
+
+	CHECK(ibv_query_gid_ex(ctx, 1, 1, &e, 0) == ENODATA); /* in the table, empty */
+	CHECK(ibv_query_gid_ex(ctx, 1, 100000, &e, 0) == EINVAL);
+	CHECK(ibv_query_gid_ex(ctx, 2, 0, &e, 0) == EINVAL);
+	CHECK(ibv_query_gid_ex(ctx, 0, 0, &e, 0) == EINVAL);
+	CHECK(ibv_query_gid_ex(ctx, 1, 0, &e, 1) == EOPNOTSUPP);
+
+	struct ibv_gid_entry table[4];
+	std::memset(table, 0, sizeof(table));
+	REQUIRE(ibv_query_gid_table(ctx, table, 4, 0) == 1); /* only the valid ones */
+	CHECK(std::memcmp(&table[0].gid, &gid, sizeof(gid)) == 0);
+	CHECK(table[0].gid_index == 0);
+	CHECK(table[0].port_num == 1);
+	CHECK(table[0].gid_type == IBV_GID_TYPE_IB);
+	CHECK(ibv_query_gid_table(ctx, table, 0, 0) == -EINVAL); /* no room for it */
+	CHECK(ibv_query_gid_table(ctx, table, 4, 1) == -EOPNOTSUPP);
+
+	REQUIRE(ibv_close_device(ctx) == 0);
+}
+
+TEST_CASE("ibv_query_gid_table on Ethernet: RoCE v1 and v2, link-local and IPv4",
+	  "[.eth][device][gid]")
+{
+	struct ibv_device **list = ibv_get_device_list(nullptr);
+	REQUIRE(list);
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	REQUIRE(ctx);
+
+	struct ibv_gid_entry table[8];
+	std::memset(table, 0, sizeof(table));
+	REQUIRE(ibv_query_gid_table(ctx, table, 8, 0) == 4);
+	const uint32_t types[] = {IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2,
+				  IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2};
+	for (uint32_t i = 0; i < 4; i++) {
+		CAPTURE(i);
+		CHECK(table[i].gid_index == i);
+		CHECK(table[i].port_num == 1);
+		CHECK(table[i].gid_type == types[i]);
+		struct ibv_gid_entry one;
+		REQUIRE(ibv_query_gid_ex(ctx, 1, i, &one, 0) == 0);
+		CHECK(std::memcmp(&one, &table[i], sizeof(one)) == 0);
+		union ibv_gid gid;
+		REQUIRE(ibv_query_gid(ctx, 1, int(i), &gid) == 0);
+		CHECK(std::memcmp(&gid, &table[i].gid, sizeof(gid)) == 0);
+	}
+	/* Link-local (fe80::/64) at 0 and 1, IPv4-mapped 127.0.0.1 at 2 and 3. */
+	CHECK(table[0].gid.raw[0] == 0xfe);
+	CHECK(table[1].gid.raw[0] == 0xfe);
+	const uint8_t v4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+	CHECK(std::memcmp(table[2].gid.raw, v4, 16) == 0);
+	CHECK(std::memcmp(table[3].gid.raw, v4, 16) == 0);
+	CHECK(ibv_query_gid_table(ctx, table, 3, 0) == -EINVAL);
+	struct ibv_gid_entry e;
+	CHECK(ibv_query_gid_ex(ctx, 1, 4, &e, 0) == ENODATA);
+
+	REQUIRE(ibv_close_device(ctx) == 0);
+}
