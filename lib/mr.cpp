@@ -28,7 +28,6 @@
 namespace shmverbs {
 
 static_assert(std::is_standard_layout_v<Mr> && offsetof(Mr, ibv) == 0);
-static_assert(std::is_standard_layout_v<Mw> && offsetof(Mw, ibv) == 0);
 static_assert(std::is_standard_layout_v<KeySlot>,
 	      "slots are meant to move into shared memory: plain fields only");
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
@@ -571,48 +570,6 @@ Result<Mr> alloc_null_mr(Context &ctx, Pd &pd)
 	mr->ibv.addr = nullptr;
 	mr->ibv.length = SIZE_MAX;
 	return mr;
-}
-
-/* ---- MWs ---- */
-
-Result<Mw> alloc_mw(Context &ctx, Pd &pd, uint32_t raw_type)
-{
-	if (raw_type != IBV_MW_TYPE_1 && raw_type != IBV_MW_TYPE_2)
-		return Err{EINVAL};
-	const auto type = static_cast<enum ibv_mw_type>(raw_type);
-	KeyTable &keys = KeyTable::of(*ctx.device);
-	uint32_t index;
-	if (int err = keys.reserve(KeyKind::Mw, index))
-		return Err{err};
-	auto *mw = new (std::nothrow) Mw{};
-	if (!mw) {
-		keys.release(index, KeyKind::Mw);
-		return Err{ENOMEM};
-	}
-	mw->pd = &pd;
-	mw->index = index;
-	mw->keys = &keys;
-	pd.uses.get();
-
-	/* Unbound: the key exists (and is unique) but grants nothing. */
-	KeyEntry e{};
-	e.kind = KeyKind::Mw;
-	e.pdn = pd.pdn;
-	e.owner_pid = static_cast<int32_t>(getpid());
-	mw->ibv.context = ctx.abi();
-	mw->ibv.rkey = keys.publish(index, e, uint8_t(keys.variant(index) + 1));
-	mw->ibv.handle = next_handle.fetch_add(1, std::memory_order_relaxed);
-	mw->ibv.type = type;
-	return mw;
-}
-
-int dealloc_mw(Mw &mw)
-{
-	mw.keys->unpublish(mw.index);
-	mw.keys->release(mw.index, KeyKind::Mw);
-	mw.pd->uses.put();
-	delete &mw;
-	return 0;
 }
 
 } // namespace shmverbs

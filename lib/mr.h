@@ -316,29 +316,10 @@ Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova
  * update does). On failure the MR is left as it was. */
 int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t access);
 
-/* Returns once no operation can still use the MR's key. Memory windows bound
- * to it stay allocated but grant nothing any more (mlx5 does not refuse). */
+/* Returns once no operation can still use the MR's key. */
 int dereg_mr(Mr &mr);
 
 /* A null MR: lkey is the device's discard key, length SIZE_MAX, addr NULL. */
 Result<Mr> alloc_null_mr(Context &ctx, Pd &pd);
-
-/* ---- Memory windows ---- */
-
-struct Mw {
-	struct ibv_mw ibv; /* first: ibv_mw* <-> Mw* */
-	Pd *pd;            /* holds a use */
-	uint32_t index;
-	KeyTable *keys;
-
-	struct ibv_mw *abi() { return &ibv; }
-	static Mw *from(struct ibv_mw *mw) { return reinterpret_cast<Mw *>(mw); }
-};
-
-/* Types 1 and 2 (mlx5 has both); any other type: EINVAL, as uverbs. */
-/* raw_type: the application's enum ibv_mw_type, read as an integer
- * (abi_enum_value) since it may be any value. */
-Result<Mw> alloc_mw(Context &ctx, Pd &pd, uint32_t raw_type);
-int dealloc_mw(Mw &mw);
 
 } // namespace shmverbs
