@@ -870,16 +870,6 @@ void trim_idle(WindowCache &c)
 
 } // namespace
 
-const char *path_name(Path p)
-{
-	switch (p) {
-	case Path::shared: return "shared";
-	case Path::cma: return "cma";
-	case Path::bounce: return "bounce";
-	}
-	return "?";
-}
-
 Policy policy()
 {
 	static const Policy p = [] {

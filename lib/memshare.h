@@ -42,7 +42,6 @@ enum class Path : uint8_t {
 	cma = 2,    /* process_vm_writev/readv by pid (cma.h) */
 	bounce = 3, /* bounce slots + target-side helper thread (bounce.h) */
 };
-const char *path_name(Path p);
 
 /* SHMVERBS_MEMORY_PATH, read once per process:
  *   auto   (default) shared where possible, else cma if available, else bounce;

@@ -380,12 +380,6 @@ uint32_t KeyTable::mr_count() const
 	return mr_count_;
 }
 
-uint32_t KeyTable::mw_count() const
-{
-	std::lock_guard guard(lock_);
-	return mw_count_;
-}
-
 /* ---- MRs ---- */
 
 namespace {

@@ -243,7 +243,6 @@ public:
 	uint32_t null_key() const { return null_key_; }
 
 	uint32_t mr_count() const;
-	uint32_t mw_count() const;
 
 private:
 	static constexpr uint32_t chunk_bits = 12;

@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <set>
 #include <tuple>
 
 namespace shmverbs {
@@ -379,20 +378,6 @@ ChannelFd::Owned::~Owned()
 {
 	if (fd >= 0)
 		::close(fd);
-}
-
-size_t peer_cache_fds()
-{
-	std::lock_guard guard(peers().lock);
-	size_t n = 0;
-	for (auto &[key, seg] : peers().segments)
-		n += seg && !seg->local ? (seg->fd >= 0) + (seg->lock_fd >= 0) : 0;
-	/* A channel shared by several objects is one descriptor. */
-	std::set<const ChannelFd::Owned *> channels;
-	for (auto &[key, fd] : peers().channel_fds)
-		if (fd && fd->fd >= 0)
-			channels.insert(fd.get());
-	return n + channels.size();
 }
 
 int resolve_object(uint32_t device, broker::ObjectKind kind, uint32_t id, PeerObject &out,

@@ -203,10 +203,6 @@ private:
  * once and cached until its owner is gone; -1 when none. */
 ChannelFd fetch_channel_fd(uint32_t device, broker::ObjectKind kind, uint32_t id);
 
-/* Descriptors the peer cache holds open (peer segments, their lock files,
- * channel eventfds): tests count them. */
-size_t peer_cache_fds();
-
 /* Drops cached resolutions of an object (its owner destroyed it). */
 void forget_object(uint32_t device, broker::ObjectKind kind, uint32_t id);
 
