@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <thread>
 #include <vector>
@@ -224,6 +225,44 @@ TEST_CASE("an empty CQ polls nothing: ibv_poll_cq 0, ibv_start_poll ENOENT", "[c
 	CHECK(ibv_req_notify_cq(ibv_cq_ex_to_cq(cq), 0) == 0);
 	CHECK(ibv_req_notify_cq(ibv_cq_ex_to_cq(cq), 1) == 0);
 	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+}
+
+TEST_CASE("ibv_cq_ex: the VLAN, flow tag and TM readers, installed only when asked for",
+	  "[cq][poll]")
+{
+	Device d;
+	struct ibv_cq_ex *plain = create_cq_ex(d.ctx, IBV_WC_STANDARD_FLAGS);
+	REQUIRE(plain);
+	/* As libmlx5: a reader not asked for is left unset. */
+	CHECK(plain->read_cvlan == nullptr);
+	CHECK(plain->read_flow_tag == nullptr);
+	CHECK(plain->read_tm_info == nullptr);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(plain)) == 0);
+
+	struct ibv_cq_ex *ex = create_cq_ex(d.ctx, uint64_t(IBV_WC_STANDARD_FLAGS) |
+						 IBV_WC_EX_WITH_CVLAN | IBV_WC_EX_WITH_FLOW_TAG |
+						 IBV_WC_EX_WITH_TM_INFO);
+	REQUIRE(ex);
+	REQUIRE(ex->read_cvlan);
+	REQUIRE(ex->read_flow_tag);
+	REQUIRE(ex->read_tm_info);
+	struct ibv_wc wc = make_wc(9);
+	REQUIRE(shmverbs_inject_completion(ibv_cq_ex_to_cq(ex), &wc, 0) == 0);
+	struct ibv_poll_cq_attr pattr{};
+	REQUIRE(ibv_start_poll(ex, &pattr) == 0);
+	CHECK(ex->wr_id == 9);
+	/* No VLAN-tagged traffic, flow steering or tag matching here: zeros,
+	 * and no IBV_WC_WITH_* flag claims otherwise. */
+	CHECK(ibv_wc_read_cvlan(ex) == 0);
+	CHECK(ibv_wc_read_flow_tag(ex) == 0);
+	struct ibv_wc_tm_info tm;
+	std::memset(&tm, 0xa5, sizeof(tm));
+	ibv_wc_read_tm_info(ex, &tm);
+	CHECK(tm.tag == 0);
+	CHECK(tm.priv == 0);
+	CHECK((ibv_wc_read_wc_flags(ex) & (IBV_WC_IP_CSUM_OK | IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID)) == 0);
+	ibv_end_poll(ex);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(ex)) == 0);
 }
 
 TEST_CASE("completions come out in order through both poll APIs", "[cq][poll]")
