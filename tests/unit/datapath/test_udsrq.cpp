@@ -104,6 +104,15 @@ struct ibv_qp *make_qp(Dev &d, struct ibv_cq *cq, enum ibv_qp_type type, struct 
 	return ibv_create_qp(d.pd, &a);
 }
 
+/* A basic SRQ of `max_wr` WRs of one SGE on d's PD. */
+struct ibv_srq *make_srq(Dev &d, uint32_t max_wr)
+{
+	struct ibv_srq_init_attr sa{};
+	sa.attr.max_wr = max_wr;
+	sa.attr.max_sge = 1;
+	return ibv_create_srq(d.pd, &sa);
+}
+
 /* XRC pieces: a process-private XRCD, an XRC SRQ of 8 WRs (1 SGE) on
  * `cq` and d's PD, an XRC_RECV QP of the XRCD, an XRC_SEND QP (8 WRs) on
  * `cq`. Each returns nullptr on failure: the callers check. */
@@ -235,6 +244,28 @@ struct ibv_qp *peer_ud_qp(Dev &d, struct ibv_cq *&cq)
 	return qp;
 }
 
+/* Multicast group `n` of these tests: GID ff00::n, MLID 0xc000 + n. */
+union ibv_gid mcast_gid(uint8_t n)
+{
+	union ibv_gid g{};
+	g.raw[0] = 0xff;
+	g.raw[15] = n;
+	return g;
+}
+
+uint16_t mcast_lid(uint8_t n) { return uint16_t(0xc000 + n); }
+
+/* An AH that sends to group `n`. */
+struct ibv_ah *mcast_ah(Dev &d, uint8_t n)
+{
+	struct ibv_ah_attr at{};
+	at.dlid = mcast_lid(n);
+	at.port_num = 1;
+	at.is_global = 1;
+	at.grh.dgid = mcast_gid(n);
+	return ibv_create_ah(d.pd, &at);
+}
+
 /* Multicast member: a UD QP attached to the group; prints its qpn, then on
  * any line its receive completions. */
 int peer_mcast()
@@ -242,10 +273,8 @@ int peer_mcast()
 	Dev d;
 	struct ibv_cq *cq = nullptr;
 	struct ibv_qp *qp = peer_ud_qp(d, cq);
-	union ibv_gid mgid{};
-	mgid.raw[0] = 0xff;
-	mgid.raw[15] = 7;
-	NEED(ibv_attach_mcast(qp, &mgid, 0xc007) == 0);
+	const union ibv_gid mgid = mcast_gid(7);
+	NEED(ibv_attach_mcast(qp, &mgid, mcast_lid(7)) == 0);
 	NEED(post_rq(qp, d.sge(0, 256), 77) == 0);
 	std::printf("%u\n", qp->qp_num);
 	std::string line;
@@ -256,7 +285,7 @@ int peer_mcast()
 		if (wc.status == IBV_WC_SUCCESS && wc.wr_id == 77)
 			n++;
 	std::printf("got %d %.5s\n", n, d.buf.data() + 40);
-	ibv_detach_mcast(qp, &mgid, 0xc007);
+	ibv_detach_mcast(qp, &mgid, mcast_lid(7));
 	return 0;
 }
 
@@ -662,6 +691,14 @@ struct UdPair {
 		REQUIRE(to_rts(a, IBV_QPT_UD) == 0);
 		REQUIRE(to_rts(b, IBV_QPT_UD) == 0);
 	}
+	/* Another UD QP on the CQ, its receives from `srq`, in RTS. */
+	struct ibv_qp *on_srq(struct ibv_srq *srq)
+	{
+		struct ibv_qp *q = make_qp(d, cq, IBV_QPT_UD, srq);
+		REQUIRE(q);
+		REQUIRE(to_rts(q, IBV_QPT_UD) == 0);
+		return q;
+	}
 	~UdPair()
 	{
 		ibv_destroy_qp(a);
@@ -908,18 +945,11 @@ TEST_CASE("UD multicast reaches every attached QP, in this process and another",
 	unsigned peer_qpn = 0;
 	REQUIRE(std::sscanf(peer.line().c_str(), "%u", &peer_qpn) == 1);
 	UdPair p;
-	union ibv_gid mgid{};
-	mgid.raw[0] = 0xff;
-	mgid.raw[15] = 7;
-	REQUIRE(ibv_attach_mcast(p.b, &mgid, 0xc007) == 0);
+	const union ibv_gid mgid = mcast_gid(7);
+	REQUIRE(ibv_attach_mcast(p.b, &mgid, mcast_lid(7)) == 0);
 	REQUIRE(post_rq(p.b, p.d.sge(4096, 256), 1) == 0);
 	REQUIRE(post_rq(p.a, p.d.sge(8192, 256), 2) == 0);
-	struct ibv_ah_attr at{};
-	at.dlid = 0xc007;
-	at.port_num = 1;
-	at.is_global = 1;
-	at.grh.dgid = mgid;
-	struct ibv_ah *ah = ibv_create_ah(p.d.pd, &at);
+	struct ibv_ah *ah = mcast_ah(p.d, 7);
 	REQUIRE(ah);
 	std::memcpy(p.d.buf.data(), "mcast", 5);
 	REQUIRE(send(p.a, p.d.sge(0, 5), 10, ah, 0xffffff) == 0);
@@ -933,7 +963,7 @@ TEST_CASE("UD multicast reaches every attached QP, in this process and another",
 	CHECK(got_a == 0); /* the sender is not attached: no loopback */
 	peer.send("check");
 	CHECK(peer.line() == "got 1 mcast\n");
-	REQUIRE(ibv_detach_mcast(p.b, &mgid, 0xc007) == 0);
+	REQUIRE(ibv_detach_mcast(p.b, &mgid, mcast_lid(7)) == 0);
 	ibv_destroy_ah(ah);
 }
 
@@ -1215,16 +1245,9 @@ TEST_CASE("UD: receive keys are checked per WQE across a post list; one kept doe
 TEST_CASE("UD: QPs on an SRQ and one with its own RQ, alternating in one post", "[ud][srq]")
 {
 	UdPair p;
-	struct ibv_srq_init_attr sa{};
-	sa.attr.max_wr = 8;
-	sa.attr.max_sge = 1;
-	struct ibv_srq *srq = ibv_create_srq(p.d.pd, &sa);
+	struct ibv_srq *srq = make_srq(p.d, 8);
 	REQUIRE(srq);
-	struct ibv_qp *s1 = make_qp(p.d, p.cq, IBV_QPT_UD, srq);
-	struct ibv_qp *s2 = make_qp(p.d, p.cq, IBV_QPT_UD, srq);
-	REQUIRE((s1 && s2));
-	REQUIRE(to_rts(s1, IBV_QPT_UD) == 0);
-	REQUIRE(to_rts(s2, IBV_QPT_UD) == 0);
+	struct ibv_qp *s1 = p.on_srq(srq), *s2 = p.on_srq(srq);
 	for (int i = 0; i < 3; i++)
 		REQUIRE(post_srq(srq, p.d.sge(4096 + i * 256, 256), 1 + i) == 0);
 	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 9) == 0);
@@ -1252,28 +1275,16 @@ TEST_CASE("UD: QPs on an SRQ and one with its own RQ, alternating in one post", 
 TEST_CASE("UD multicast: a member on an SRQ takes its receive from the SRQ", "[ud][srq]")
 {
 	UdPair p;
-	struct ibv_srq_init_attr sa{};
-	sa.attr.max_wr = 4;
-	sa.attr.max_sge = 1;
-	struct ibv_srq *srq = ibv_create_srq(p.d.pd, &sa);
+	struct ibv_srq *srq = make_srq(p.d, 4);
 	REQUIRE(srq);
-	struct ibv_qp *m = make_qp(p.d, p.cq, IBV_QPT_UD, srq);
-	REQUIRE(m);
-	REQUIRE(to_rts(m, IBV_QPT_UD) == 0);
-	union ibv_gid mgid{};
-	mgid.raw[0] = 0xff;
-	mgid.raw[15] = 9;
-	REQUIRE(ibv_attach_mcast(m, &mgid, 0xc009) == 0);
-	REQUIRE(ibv_attach_mcast(p.b, &mgid, 0xc009) == 0);
+	struct ibv_qp *m = p.on_srq(srq);
+	const union ibv_gid mgid = mcast_gid(9);
+	REQUIRE(ibv_attach_mcast(m, &mgid, mcast_lid(9)) == 0);
+	REQUIRE(ibv_attach_mcast(p.b, &mgid, mcast_lid(9)) == 0);
 	std::memset(p.d.buf.data() + 4096, 0, 512);
 	REQUIRE(post_srq(srq, p.d.sge(4096, 256), 1) == 0);
 	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 2) == 0);
-	struct ibv_ah_attr at{};
-	at.dlid = 0xc009;
-	at.port_num = 1;
-	at.is_global = 1;
-	at.grh.dgid = mgid;
-	struct ibv_ah *ah = ibv_create_ah(p.d.pd, &at);
+	struct ibv_ah *ah = mcast_ah(p.d, 9);
 	REQUIRE(ah);
 	std::memcpy(p.d.buf.data(), "to-srq", 6);
 	REQUIRE(send(p.a, p.d.sge(0, 6), 10, ah, 0xffffff) == 0);
@@ -1298,8 +1309,8 @@ TEST_CASE("UD multicast: a member on an SRQ takes its receive from the SRQ", "[u
 	CHECK(sends == 1);
 	REQUIRE(recv.size() == 1);
 	CHECK((recv[0].qp_num == p.b->qp_num && recv[0].wr_id == 3));
-	REQUIRE(ibv_detach_mcast(m, &mgid, 0xc009) == 0);
-	REQUIRE(ibv_detach_mcast(p.b, &mgid, 0xc009) == 0);
+	REQUIRE(ibv_detach_mcast(m, &mgid, mcast_lid(9)) == 0);
+	REQUIRE(ibv_detach_mcast(p.b, &mgid, mcast_lid(9)) == 0);
 	ibv_destroy_ah(ah);
 	CHECK(ibv_destroy_qp(m) == 0);
 	CHECK(ibv_destroy_srq(srq) == 0);

@@ -9,6 +9,21 @@
 #include <cstring>
 #include <string>
 
+namespace {
+
+/* The first device (shm0), opened. */
+struct ibv_context *open_first_device()
+{
+	struct ibv_device **list = ibv_get_device_list(nullptr);
+	REQUIRE(list);
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	REQUIRE(ctx);
+	return ctx;
+}
+
+} // namespace
+
 TEST_CASE("ibv_get_device_list lists shm0", "[device]")
 {
 	int n = -1;
@@ -24,11 +39,7 @@ TEST_CASE("ibv_get_device_list lists shm0", "[device]")
 
 TEST_CASE("open, query and close the emulated device", "[device]")
 {
-	struct ibv_device **list = ibv_get_device_list(nullptr);
-	REQUIRE(list);
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
-	REQUIRE(ctx);
+	struct ibv_context *ctx = open_first_device();
 	CHECK(shmverbs_is_emulated(ctx) == 1);
 
 	struct ibv_device_attr attr;
@@ -67,11 +78,7 @@ TEST_CASE("open, query and close the emulated device", "[device]")
  * than the caller's array EINVAL (negative from the table call). */
 TEST_CASE("ibv_query_gid_ex and ibv_query_gid_table on InfiniBand", "[device][gid]")
 {
-	struct ibv_device **list = ibv_get_device_list(nullptr);
-	REQUIRE(list);
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
-	REQUIRE(ctx);
+	struct ibv_context *ctx = open_first_device();
 
 	struct ibv_gid_entry e;
 	std::memset(&e, 0xa5, sizeof(e));
@@ -106,11 +113,7 @@ TEST_CASE("ibv_query_gid_ex and ibv_query_gid_table on InfiniBand", "[device][gi
 TEST_CASE("ibv_query_gid_table on Ethernet: RoCE v1 and v2, link-local and IPv4",
 	  "[.eth][device][gid]")
 {
-	struct ibv_device **list = ibv_get_device_list(nullptr);
-	REQUIRE(list);
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
-	REQUIRE(ctx);
+	struct ibv_context *ctx = open_first_device();
 
 	struct ibv_gid_entry table[8];
 	std::memset(table, 0, sizeof(table));
