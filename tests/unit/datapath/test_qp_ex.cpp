@@ -236,6 +236,25 @@ TEST_CASE("qp_ex: a builder error is latched, wr_complete returns it and posts n
 				 ibv_wr_set_sge(q, s.mr->lkey, s.addr(0), 4);
 			 }
 		 }},
+		/* libmlx5 would read through these NULLs; an error instead. */
+		{"an SGE list that is NULL", EINVAL, false,
+		 [](struct ibv_qp_ex *q, Side &, std::vector<struct ibv_sge> &, std::vector<char> &,
+		    uint32_t) {
+			 ibv_wr_send(q);
+			 ibv_wr_set_sge_list(q, 1, nullptr);
+		 }},
+		{"inline data from NULL", EINVAL, false,
+		 [](struct ibv_qp_ex *q, Side &, std::vector<struct ibv_sge> &, std::vector<char> &,
+		    uint32_t) {
+			 ibv_wr_send(q);
+			 ibv_wr_set_inline_data(q, nullptr, 4);
+		 }},
+		{"an inline buffer list that is NULL", EINVAL, false,
+		 [](struct ibv_qp_ex *q, Side &, std::vector<struct ibv_sge> &, std::vector<char> &,
+		    uint32_t) {
+			 ibv_wr_send(q);
+			 ibv_wr_set_inline_data_list(q, 2, nullptr);
+		 }},
 		{"a setter with no WR built", EINVAL, true,
 		 [](struct ibv_qp_ex *q, Side &s, std::vector<struct ibv_sge> &, std::vector<char> &,
 		    uint32_t) { ibv_wr_set_sge(q, s.mr->lkey, s.addr(0), 4); }},
