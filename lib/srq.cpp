@@ -376,7 +376,6 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 	srq->max_sge = max_sge;
 	srq->requested_sge = attr.attr.max_sge;
 	srq->srq_limit = rxe ? attr.attr.srq_limit : 0;
-	srq->posted = 0;
 
 	struct ibv_srq &s = srq->ibv;
 	s.context = ctx.abi();
@@ -427,8 +426,9 @@ int modify_srq(Srq &srq, const struct ibv_srq_attr &attr, int attr_mask)
 		if (int err = srq.ctx->device->profile->size_srq(attr.max_wr, srq.requested_sge,
 								  new_wr, sge))
 			return err;
-		/* The queue cannot shrink below the WQEs it holds. */
-		if (srq.posted > new_wr)
+		/* The queue cannot shrink below the WQEs it holds (rxe's
+		 * queue resize refuses it). */
+		if (srq_ring_outstanding(srq) > new_wr)
 			return EINVAL;
 	}
 	if (attr_mask & IBV_SRQ_LIMIT) {
@@ -487,7 +487,6 @@ bool srq_update_posted(Srq &srq, uint32_t posted)
 	bool fire = false;
 	{
 		std::lock_guard guard(srq.lock);
-		srq.posted = posted;
 		if (srq.srq_limit && posted < srq.srq_limit) {
 			srq.srq_limit = 0;
 			fire = true;

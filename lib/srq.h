@@ -77,8 +77,6 @@ struct Srq {
 	 * drop below it, IBV_EVENT_SRQ_LIMIT_REACHED is raised once and the
 	 * limit disarms (ibv_modify_srq(3)). */
 	uint32_t srq_limit;
-	/* Receive WQEs posted and not yet consumed; kept by the data path. */
-	uint32_t posted;
 	SrqRing *ring; /* the receive ring in shared memory (lib/srq_ring.h) */
 
 	struct ibv_srq *abi() { return &ibv; }

@@ -126,6 +126,16 @@ void srq_ring_note_consumed(shm::RecvQueue &rq, uint64_t new_head)
 		rq.limit_seen.store(uint32_t(left) + 1, std::memory_order_release);
 }
 
+uint64_t srq_ring_outstanding(const Srq &srq)
+{
+	const SrqRing *r = srq.ring;
+	if (!r)
+		return 0;
+	/* head first: it never passes the tail, so a later tail bounds it. */
+	const uint64_t head = r->rq->head.load(std::memory_order_acquire);
+	return r->rq->tail.load(std::memory_order_acquire) - head;
+}
+
 int post_srq_recv(Srq &srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 {
 	SrqRing *r = srq.ring;

@@ -32,6 +32,10 @@ void srq_ring_detach(Srq &srq);
 /* Arms (limit > 0) or disarms the limit word (modify_srq, srq.lock held). */
 void srq_ring_set_limit(Srq &srq, uint32_t limit);
 
+/* WQEs posted and not yet taken by a sender: a snapshot, since senders in
+ * any process take them meanwhile. */
+uint64_t srq_ring_outstanding(const Srq &srq);
+
 /* ibv_post_srq_recv(): EINVAL for a bad SGE count, ENOMEM when max_wr WQEs
  * are outstanding; *bad_wr names the first WR not posted. */
 int post_srq_recv(Srq &srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);

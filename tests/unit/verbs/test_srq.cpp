@@ -401,6 +401,24 @@ TEST_CASE("rxe: SRQs resize, keep the initial limit, refuse an empty queue", "[.
 		REQUIRE(ibv_query_srq(srq, &q) == 0);
 		CHECK(q.max_wr == t.wr_after);
 	}
+	/* Nor below the WQEs it holds: 12 posted, 7 refused, 15 taken. */
+	struct ibv_sge sge{};
+	struct ibv_recv_wr wr{};
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	for (int i = 0; i < 12; i++) {
+		struct ibv_recv_wr *bad = nullptr;
+		REQUIRE(ibv_post_srq_recv(srq, &wr, &bad) == 0);
+	}
+	struct ibv_srq_attr shrink{};
+	shrink.max_wr = 5;
+	CHECK(ibv_modify_srq(srq, &shrink, IBV_SRQ_MAX_WR) == EINVAL);
+	REQUIRE(ibv_query_srq(srq, &q) == 0);
+	CHECK(q.max_wr == 31);
+	shrink.max_wr = 12;
+	CHECK(ibv_modify_srq(srq, &shrink, IBV_SRQ_MAX_WR) == 0);
+	REQUIRE(ibv_query_srq(srq, &q) == 0);
+	CHECK(q.max_wr == 15);
 	CHECK(ibv_destroy_srq(srq) == 0);
 	errno = 0;
 	CHECK(basic_srq(pd, 0, 1) == nullptr);
