@@ -108,10 +108,11 @@ int get_srq_num(Srq &srq, uint32_t &srq_num);
 int destroy_srq(Srq &srq);
 
 /*
- * The data path's entry point for the SRQ limit: call after a receive WQE
- * was consumed (or whenever `posted` drops). When the SRQ is armed and fewer
- * than srq_limit WQEs remain, raises IBV_EVENT_SRQ_LIMIT_REACHED and disarms,
- * as the device does. Returns true when the event was raised.
+ * The SRQ limit's owner side: `posted` is the count of WQEs a consumer saw
+ * left when it disarmed the limit word (lib/srq_ring.cpp). When the SRQ is
+ * armed and fewer than srq_limit WQEs remain, raises
+ * IBV_EVENT_SRQ_LIMIT_REACHED and disarms, as the device does. Returns true
+ * when the event was raised.
  */
 bool srq_update_posted(Srq &srq, uint32_t posted);
 
