@@ -3,26 +3,13 @@
 #include <infiniband/verbs.h>
 #include <shmverbs/shmverbs.h>
 
+#include "../common/fixtures.h"
+
 #include <catch2/catch.hpp>
 
 #include <cerrno>
 #include <cstring>
 #include <string>
-
-namespace {
-
-/* The first device (shm0), opened. */
-struct ibv_context *open_first_device()
-{
-	struct ibv_device **list = ibv_get_device_list(nullptr);
-	REQUIRE(list);
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
-	REQUIRE(ctx);
-	return ctx;
-}
-
-} // namespace
 
 TEST_CASE("ibv_get_device_list lists shm0", "[device]")
 {
@@ -39,7 +26,11 @@ TEST_CASE("ibv_get_device_list lists shm0", "[device]")
 
 TEST_CASE("open, query and close the emulated device", "[device]")
 {
-	struct ibv_context *ctx = open_first_device();
+	struct ibv_device **list = ibv_get_device_list(nullptr);
+	REQUIRE(list);
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	REQUIRE(ctx);
 	CHECK(shmverbs_is_emulated(ctx) == 1);
 
 	struct ibv_device_attr attr;
@@ -78,7 +69,8 @@ TEST_CASE("open, query and close the emulated device", "[device]")
  * than the caller's array EINVAL (negative from the table call). */
 TEST_CASE("ibv_query_gid_ex and ibv_query_gid_table on InfiniBand", "[device][gid]")
 {
-	struct ibv_context *ctx = open_first_device();
+	shmv_test::OpenDevice d;
+	struct ibv_context *ctx = d.ctx;
 
 	struct ibv_gid_entry e;
 	std::memset(&e, 0xa5, sizeof(e));
@@ -106,14 +98,13 @@ TEST_CASE("ibv_query_gid_ex and ibv_query_gid_table on InfiniBand", "[device][gi
 	CHECK(table[0].gid_type == IBV_GID_TYPE_IB);
 	CHECK(ibv_query_gid_table(ctx, table, 0, 0) == -EINVAL); /* no room for it */
 	CHECK(ibv_query_gid_table(ctx, table, 4, 1) == -EOPNOTSUPP);
-
-	REQUIRE(ibv_close_device(ctx) == 0);
 }
 
 TEST_CASE("ibv_query_gid_table on Ethernet: RoCE v1 and v2, link-local and IPv4",
 	  "[.eth][device][gid]")
 {
-	struct ibv_context *ctx = open_first_device();
+	shmv_test::OpenDevice d;
+	struct ibv_context *ctx = d.ctx;
 
 	struct ibv_gid_entry table[8];
 	std::memset(table, 0, sizeof(table));
@@ -141,6 +132,4 @@ TEST_CASE("ibv_query_gid_table on Ethernet: RoCE v1 and v2, link-local and IPv4"
 	CHECK(ibv_query_gid_table(ctx, table, 3, 0) == -EINVAL);
 	struct ibv_gid_entry e;
 	CHECK(ibv_query_gid_ex(ctx, 1, 4, &e, 0) == ENODATA);
-
-	REQUIRE(ibv_close_device(ctx) == 0);
 }
