@@ -8,6 +8,7 @@
 #pragma once
 
 #include "device.h"
+#include "huge_pages.h"
 #include "result.h"
 
 #include <infiniband/verbs.h>
@@ -50,6 +51,9 @@ struct Context {
 	/* QPs, CQs and SRQs that async events can name, with the counter
 	 * their destroy waits on. Guarded by event_lock. */
 	std::unordered_map<const void *, AsyncEventCounter *> event_sources;
+
+	/* The huge pages its queues hold as libmlx5's would (huge_pages.h). */
+	HugeChunks huge_chunks;
 
 	struct ibv_context *abi() { return &vctx.context; }
 	/* Inline: ibv_wr_complete() asks it once per post (the fork check). */

@@ -765,10 +765,21 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 	uint32_t cqe;
 	if (int err = ctx.device->profile->size_cq(attr.cqe, cqe))
 		return Err{err};
+	/* libmlx5's CQ buffer: its entries (cqe + 1 of MLX5_CQE_SIZE bytes),
+	 * in whole pages, on huge pages when asked to be. */
+	const char *cqe_size = std::getenv("MLX5_CQE_SIZE");
+	const size_t buffer = (size_t{cqe} + 1) * (cqe_size && std::atoi(cqe_size) == 128 ? 128 : 64);
+	HugeChunks::Lease huge;
+	if (int err = take_queue_huge_pages(ctx, parent, "MLX_CQ", "HUGE_CQ",
+					    (buffer + 4095) / 4096 * 4096, huge))
+		return Err{err};
 
 	auto *cq = new (std::nothrow) Cq{};
-	if (!cq)
+	if (!cq) {
+		ctx.huge_chunks.give_back(huge);
 		return Err{ENOMEM};
+	}
+	cq->huge = huge;
 	/* The ring: a power of two of slots above the granted cqe. Shrinking
 	 * keeps the ring; growing beyond it makes a new one (resize_cq). */
 	uint32_t capacity = 1;
@@ -778,6 +789,7 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 	cq->ring_bytes = cq_ring_bytes(capacity);
 	cq->ring_off = seg.alloc(cq->ring_bytes);
 	if (!cq->ring_off) {
+		ctx.huge_chunks.give_back(cq->huge);
 		delete cq;
 		return Err{ENOMEM};
 	}
@@ -936,6 +948,7 @@ int destroy_cq(Cq &cq)
 	/* No QP names the CQ any more, and a QP's destroy waited until no
 	 * remote producer was inside it: the ring can be reused. */
 	Segment::of(cq.ctx->device->index).free(cq.ring_off, cq.ring_bytes);
+	cq.ctx->huge_chunks.give_back(cq.huge);
 	delete &cq;
 	return 0;
 }

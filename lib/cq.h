@@ -226,6 +226,7 @@ struct Cq {
 	Context *ctx;
 	CompChannel *channel;         /* nullptr when events are not wanted */
 	ParentDomain *parent_domain;  /* IBV_CQ_INIT_ATTR_MASK_PD: holds a use */
+	HugeChunks::Lease huge;       /* MLX_CQ_ALLOC_TYPE's (lib/huge_pages.h) */
 	uint64_t wc_flags;            /* IBV_WC_EX_WITH_* the CQ was created with */
 	uint32_t create_flags;        /* IBV_CREATE_CQ_ATTR_* */
 	bool extended;                /* made by ibv_create_cq_ex() */

@@ -132,6 +132,7 @@ public:
 	{
 		struct ibv_qp_cap c = in.cap;
 		struct ibv_qp_cap q{};
+		uint64_t buffer = 0;
 
 		if (in.cap.max_send_wr) {
 			uint32_t overhead = sq_overhead(in);
@@ -153,6 +154,7 @@ public:
 				return EINVAL;
 			c.max_send_wr = static_cast<uint32_t>(bytes / wqe);
 			c.max_inline_data = wqe - overhead - inline_hdr_sz;
+			buffer += bytes;
 			q.max_send_wr = c.max_send_wr;
 			q.max_send_sge = c.max_send_sge;
 			q.max_inline_data = c.max_inline_data;
@@ -172,6 +174,7 @@ public:
 							  send_wqe_bb);
 				c.max_recv_wr = bytes / wqe;
 				c.max_recv_sge = wqe / data_seg_sz;
+				buffer += bytes;
 			}
 		} else {
 			clear_recv(c);
@@ -185,6 +188,7 @@ public:
 		}
 		out.created = c;
 		out.queried = q;
+		out.mlx5_buffer_bytes = buffer;
 		return 0;
 	}
 

@@ -40,6 +40,10 @@ struct QpSizing {
 struct QpCaps {
 	struct ibv_qp_cap created;
 	struct ibv_qp_cap queried;
+	/* The bytes of the work queue buffer libmlx5 allocates for these
+	 * queues (SQ and RQ), 0 under the other profiles: what it would put
+	 * on huge pages (lib/huge_pages.h). */
+	uint64_t mlx5_buffer_bytes;
 };
 
 class Profile {

@@ -287,6 +287,21 @@ void free_handle(Qp *qp)
 }
 
 /* The objects a create request names, checked against the context. */
+/* libmlx5's older switch to huge pages for a QP type's buffer ("y"). */
+const char *legacy_huge_key(enum ibv_qp_type type)
+{
+	switch (type) {
+	case IBV_QPT_RC:
+		return "HUGE_RC";
+	case IBV_QPT_UC:
+		return "HUGE_UC";
+	case IBV_QPT_UD:
+		return "HUGE_UD";
+	default:
+		return "HUGE_NA";
+	}
+}
+
 struct Parts {
 	Pd *pd = nullptr;
 	ParentDomain *parent = nullptr; /* attr.pd when it is a parent domain */
@@ -433,9 +448,18 @@ Result<Qp> create_qp(Context &ctx, struct ibv_qp_init_attr_ex &attr)
 	if (int err = resolve_parts(ctx, attr, flags, parts))
 		return Err{err};
 
+	/* libmlx5's work queue buffer, on huge pages when asked to be. */
+	HugeChunks::Lease huge;
+	if (int err = take_queue_huge_pages(ctx, parts.parent, "MLX_QP", legacy_huge_key(type),
+					    caps.mlx5_buffer_bytes, huge))
+		return Err{err};
 	auto core = std::unique_ptr<QpCore>(new (std::nothrow) QpCore{});
-	if (!core)
+	if (!core) {
+		ctx.huge_chunks.give_back(huge);
 		return Err{ENOMEM};
+	}
+	core->huge = huge;
+	core->huge_owner = &ctx.huge_chunks;
 	core->device = ctx.device;
 	core->type = type;
 	core->sq_sig_all = attr.sq_sig_all != 0;
@@ -447,12 +471,15 @@ Result<Qp> create_qp(Context &ctx, struct ibv_qp_init_attr_ex &attr)
 	core->xrc_domain = parts.xrcd ? parts.xrcd->domain : 0;
 	core->attr.qp_state = IBV_QPS_RESET;
 	core->qp_num = allocate_id(*ctx.device, IdKind::Qp);
-	if (!core->qp_num)
+	if (!core->qp_num) {
+		ctx.huge_chunks.give_back(core->huge);
 		return Err{ENOMEM};
+	}
 
 	Qp *qp = new_handle(ctx, core.get());
 	if (!qp) {
 		release_id(*ctx.device, IdKind::Qp, core->qp_num);
+		ctx.huge_chunks.give_back(core->huge);
 		return Err{ENOMEM};
 	}
 	/* rdma-core's set_qp() copies the caller's pointers as given. */
@@ -730,6 +757,8 @@ int destroy_qp(Qp &qp)
 	if (last) {
 		Device &device = *core->device;
 		const uint32_t qp_num = core->qp_num;
+		if (core->huge_owner)
+			core->huge_owner->give_back(core->huge);
 		/* The engine withdraws the QP and waits until no sender is
 		 * inside it: no completion of it comes after this. */
 		delete core;

@@ -75,6 +75,10 @@ struct QpCore {
 	uint32_t create_flags = 0;   /* IBV_QP_CREATE_* */
 	bool has_srq = false;
 	uint64_t xrc_domain = 0;     /* XRC_RECV: the Xrcd::domain it lives in */
+	/* MLX_QP_ALLOC_TYPE's huge pages (lib/huge_pages.h), in the chunks of
+	 * the context that created the QP. */
+	HugeChunks::Lease huge;
+	HugeChunks *huge_owner = nullptr;
 
 	/* Guarded by lock. */
 	std::mutex lock;

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -359,11 +360,28 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 		    attr.attr.srq_limit > uint32_t(ctx.device->device_attr().max_srq_wr)))
 		return Err{EINVAL};
 
+	/* libmlx5's SRQ buffer: twice the WQEs asked for and one (the extra
+	 * ones its wait queue), or the WQEs asked for and one when the device
+	 * cannot hold that many, each of the stride the SGEs round up to; on
+	 * huge pages when asked to be. */
+	uint64_t wqes = 2 * uint64_t(attr.attr.max_wr) + 1;
+	if (wqes > uint64_t(ctx.device->device_attr().max_srq_wr))
+		wqes = uint64_t(attr.attr.max_wr) + 1;
+	const uint64_t buffer = std::bit_ceil(wqes) * (16 + 16 * uint64_t(max_sge));
+	HugeChunks::Lease huge;
+	if (int err = take_queue_huge_pages(ctx, ParentDomain::from(attr.pd), "MLX_SRQ", nullptr,
+					    buffer, huge))
+		return Err{err};
+
 	auto *srq = new (std::nothrow) Srq{};
-	if (!srq)
+	if (!srq) {
+		ctx.huge_chunks.give_back(huge);
 		return Err{ENOMEM};
+	}
+	srq->huge = huge;
 	srq->srq_num = allocate_id(*ctx.device, IdKind::Srq);
 	if (!srq->srq_num) {
+		ctx.huge_chunks.give_back(srq->huge);
 		delete srq;
 		return Err{ENOMEM};
 	}
@@ -388,6 +406,7 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 
 	if (int err = srq_ring_attach(*srq)) {
 		release_id(*ctx.device, IdKind::Srq, srq->srq_num);
+		ctx.huge_chunks.give_back(srq->huge);
 		pthread_cond_destroy(&s.cond);
 		pthread_mutex_destroy(&s.mutex);
 		delete srq;
@@ -478,6 +497,7 @@ int destroy_srq(Srq &srq)
 		srq.cq->uses.put();
 	pthread_cond_destroy(&srq.ibv.cond);
 	pthread_mutex_destroy(&srq.ibv.mutex);
+	srq.ctx->huge_chunks.give_back(srq.huge);
 	delete &srq;
 	return 0;
 }

@@ -78,6 +78,7 @@ struct Srq {
 	 * limit disarms (ibv_modify_srq(3)). */
 	uint32_t srq_limit;
 	SrqRing *ring; /* the receive ring in shared memory (lib/srq_ring.h) */
+	HugeChunks::Lease huge; /* MLX_SRQ_ALLOC_TYPE's (lib/huge_pages.h) */
 
 	struct ibv_srq *abi() { return &ibv; }
 	static Srq *from(struct ibv_srq *s) { return reinterpret_cast<Srq *>(s); }

@@ -27,9 +27,6 @@ SUITE = "/usr/share/doc/rdma-core/tests"
 KNOWN = {
     "tests.test_cq.CQTest.test_resize_cq":
         "a CQ that QPs use cannot grow beyond its ring: ENOMEM (docs/verbs.md, CQs)",
-    "tests.test_mlx5_huge_page.ResourcesOnHugePageTest.test_obj_on_huge":
-        "MLX_*_ALLOC_TYPE=HUGE does not fail without huge pages: queues live in "
-        "shared memory (docs/verbs.md, mlx5dv)",
 }
 
 
