@@ -286,7 +286,6 @@ void free_handle(Qp *qp)
 	delete qp;
 }
 
-/* The objects a create request names, checked against the context. */
 /* libmlx5's older switch to huge pages for a QP type's buffer ("y"). */
 const char *legacy_huge_key(enum ibv_qp_type type)
 {
@@ -302,6 +301,7 @@ const char *legacy_huge_key(enum ibv_qp_type type)
 	}
 }
 
+/* The objects a create request names, checked against the context. */
 struct Parts {
 	Pd *pd = nullptr;
 	ParentDomain *parent = nullptr; /* attr.pd when it is a parent domain */
