@@ -105,13 +105,10 @@ KeyRef acquire_remote_key(KeySlot &s, uint32_t key)
 
 /* ---- KeyTable ---- */
 
-KeyTable::KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space)
-	: KeyTable(max_mr, max_mw, index_space, -1)
-{
-}
+KeyTable::KeyTable(uint32_t max_mr, uint32_t index_space) : KeyTable(max_mr, index_space, -1) {}
 
-KeyTable::KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space, int shared_device)
-	: max_mr_(max_mr), max_mw_(max_mw),
+KeyTable::KeyTable(uint32_t max_mr, uint32_t index_space, int shared_device)
+	: max_mr_(max_mr),
 	  index_space_(std::min(std::max(index_space, first_index), index_space_max)),
 	  shared_device_(shared_device),
 	  chunks_(std::make_unique<std::atomic<KeySlot *>[]>((index_space_ + chunk_size - 1) /
@@ -197,8 +194,7 @@ KeyTable &KeyTable::of(const Device &dev)
 	KeyTable *&table = all.tables[dev.index];
 	if (!table) {
 		struct ibv_device_attr attr = dev.device_attr();
-		table = new KeyTable(static_cast<uint32_t>(attr.max_mr),
-				     static_cast<uint32_t>(attr.max_mw), index_space_max,
+		table = new KeyTable(static_cast<uint32_t>(attr.max_mr), index_space_max,
 				     int(dev.index));
 	}
 	if (dev.index < fast_tables)
@@ -238,11 +234,10 @@ KeySlot &KeyTable::slot_alloc(uint32_t index)
 	return slots[index & (chunk_size - 1)];
 }
 
-int KeyTable::reserve(KeyKind kind, uint32_t &index)
+int KeyTable::reserve(uint32_t &index)
 {
 	std::lock_guard guard(lock_);
-	uint32_t &count = kind == KeyKind::Mw ? mw_count_ : mr_count_;
-	if (count >= (kind == KeyKind::Mw ? max_mw_ : max_mr_))
+	if (mr_count_ >= max_mr_)
 		return ENOMEM;
 	if (recycled_.size() > reuse_delay || next_fresh_ >= index_space_) {
 		if (recycled_.empty())
@@ -253,7 +248,7 @@ int KeyTable::reserve(KeyKind kind, uint32_t &index)
 		index = next_fresh_++;
 		slot_alloc(index);
 	}
-	count++;
+	mr_count_++;
 	return 0;
 }
 
@@ -344,11 +339,10 @@ void KeyTable::unpublish(uint32_t index)
 	}
 }
 
-void KeyTable::release(uint32_t index, KeyKind kind)
+void KeyTable::release(uint32_t index)
 {
 	std::lock_guard guard(lock_);
-	uint32_t &count = kind == KeyKind::Mw ? mw_count_ : mr_count_;
-	count--;
+	mr_count_--;
 	recycled_.push_back(index);
 }
 
@@ -457,11 +451,11 @@ Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova
 
 	KeyTable &keys = KeyTable::of(*ctx.device);
 	uint32_t index;
-	if (int err = keys.reserve(KeyKind::Mr, index))
+	if (int err = keys.reserve(index))
 		return Err{err};
 	auto *mr = new (std::nothrow) Mr{};
 	if (!mr) {
-		keys.release(index, KeyKind::Mr);
+		keys.release(index);
 		return Err{ENOMEM};
 	}
 	mr->type = MrType::User;
@@ -541,7 +535,7 @@ int dereg_mr(Mr &mr)
 		mr.keys->unpublish(mr.index);
 		/* No operation holds the key any more: the pages may go private. */
 		mr_memory_detach(mr.addr, mr.length, mr.access, mr.path);
-		mr.keys->release(mr.index, KeyKind::Mr);
+		mr.keys->release(mr.index);
 		mr.pd->uses.put();
 	}
 	delete &mr;

@@ -49,7 +49,6 @@ enum class KeyKind : uint8_t {
 	Unused,
 	Mr,     /* a registered region */
 	NullMr, /* ibv_alloc_null_mr(): local writes are discarded, nothing is read */
-	Mw,     /* a memory window; length 0 (no access) until bound */
 };
 
 constexpr uint32_t key_index(uint32_t key) { return key >> 8; }
@@ -207,12 +206,12 @@ class KeyTable {
 public:
 	static constexpr uint32_t index_space_max = 1u << 24;
 
-	/* max_mr/max_mw: the device limits (ENOMEM beyond them); index_space:
-	 * number of slot indices, reserved ones included (tests shrink it). */
-	KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space = index_space_max);
+	/* max_mr: the device limit (ENOMEM beyond it); index_space: number of
+	 * slot indices, reserved ones included (tests shrink it). */
+	explicit KeyTable(uint32_t max_mr, uint32_t index_space = index_space_max);
 	/* A device's table: its slot chunks live in the process's shared
 	 * segment of that device (lib/segment.h), where peers read them. */
-	KeyTable(uint32_t max_mr, uint32_t max_mw, uint32_t index_space, int shared_device);
+	KeyTable(uint32_t max_mr, uint32_t index_space, int shared_device);
 	~KeyTable();
 	KeyTable(const KeyTable &) = delete;
 	KeyTable &operator=(const KeyTable &) = delete;
@@ -220,9 +219,10 @@ public:
 	/* The table of an emulated device; created on first use, never freed. */
 	static KeyTable &of(const Device &dev);
 
-	/* Takes a free slot for an MR or MW: 0 and its index, or ENOMEM when the
-	 * device limit for that kind or the index space is exhausted. */
-	int reserve(KeyKind kind, uint32_t &index);
+	/* Takes a free slot for an MR: 0 and its index, or ENOMEM when the
+	 * device limit or the index space is exhausted. (The device offers no
+	 * memory windows.) */
+	int reserve(uint32_t &index);
 	/* Publishes an entry in a reserved, unpublished slot under the key
 	 * make_key(index, variant) and returns that key. */
 	uint32_t publish(uint32_t index, const KeyEntry &entry, uint8_t variant);
@@ -230,9 +230,9 @@ public:
 	 * except holds of processes that died holding it (released here) and,
 	 * after 2 s, unattributed remote holds (logged). */
 	void unpublish(uint32_t index);
-	/* Gives an unpublished slot of that kind back. Indices are reused only
-	 * after a delay, and with another variant, so stale keys keep failing. */
-	void release(uint32_t index, KeyKind kind);
+	/* Gives an unpublished slot back. Indices are reused only after a
+	 * delay, and with another variant, so stale keys keep failing. */
+	void release(uint32_t index);
 
 	/* The variant of the key last published in a slot. */
 	uint8_t variant(uint32_t index) const;
@@ -257,13 +257,13 @@ private:
 	KeySlot *slot(uint32_t index) const;
 	KeySlot &slot_alloc(uint32_t index); /* under lock_ */
 
-	const uint32_t max_mr_, max_mw_, index_space_;
+	const uint32_t max_mr_, index_space_;
 	const int shared_device_ = -1; /* >= 0: chunks in that device's segment */
 	std::unique_ptr<std::atomic<KeySlot *>[]> chunks_;
 	mutable std::mutex lock_;
 	uint32_t next_fresh_ = first_index;
 	std::deque<uint32_t> recycled_;
-	uint32_t mr_count_ = 0, mw_count_ = 0;
+	uint32_t mr_count_ = 0;
 	uint32_t null_key_ = 0;
 };
 

@@ -37,9 +37,9 @@ TEST_CASE("keys: index in the high 24 bits, variant in the low 8", "[keys]")
 
 TEST_CASE("publish, acquire, unpublish", "[keys]")
 {
-	KeyTable t(100, 100);
+	KeyTable t(100);
 	uint32_t index;
-	REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+	REQUIRE(t.reserve(index) == 0);
 	CHECK(index >= 3); /* 0 never names a key, 1 would be MLX5_INVALID_LKEY, 2 is the null MR */
 
 	/* Reserved but unpublished: nothing to find. */
@@ -70,15 +70,15 @@ TEST_CASE("publish, acquire, unpublish", "[keys]")
 	CHECK_FALSE(t.acquire(key));
 	CHECK(t.acquire(key2));
 	t.unpublish(index);
-	t.release(index, KeyKind::Mr);
+	t.release(index);
 	CHECK(t.mr_count() == 0);
 }
 
 TEST_CASE("permits: range and access", "[keys]")
 {
-	KeyTable t(10, 10);
+	KeyTable t(10);
 	uint32_t index;
-	REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+	REQUIRE(t.reserve(index) == 0);
 	const uint32_t access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
 	uint32_t key = t.publish(index, mr_entry(1000, 100, access), 1);
 	KeyRef ref = t.acquire(key);
@@ -110,7 +110,7 @@ TEST_CASE("permits: range and access", "[keys]")
 
 TEST_CASE("the null MR key is permanent and grants local access anywhere", "[keys]")
 {
-	KeyTable t(10, 10);
+	KeyTable t(10);
 	KeyRef ref = t.acquire(t.null_key());
 	REQUIRE(ref);
 	CHECK(ref->kind == KeyKind::NullMr);
@@ -122,52 +122,49 @@ TEST_CASE("the null MR key is permanent and grants local access anywhere", "[key
 
 TEST_CASE("device limits and index exhaustion", "[keys]")
 {
-	SECTION("MR and MW limits are separate")
+	SECTION("the MR limit")
 	{
-		KeyTable t(3, 2);
+		KeyTable t(3);
 		uint32_t index;
 		for (int i = 0; i < 3; i++)
-			REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
-		CHECK(t.reserve(KeyKind::Mr, index) == ENOMEM);
-		REQUIRE(t.reserve(KeyKind::Mw, index) == 0);
-		REQUIRE(t.reserve(KeyKind::Mw, index) == 0);
-		CHECK(t.reserve(KeyKind::Mw, index) == ENOMEM);
-		t.release(index, KeyKind::Mw);
-		CHECK(t.reserve(KeyKind::Mw, index) == 0);
+			REQUIRE(t.reserve(index) == 0);
+		CHECK(t.reserve(index) == ENOMEM);
+		t.release(index);
+		CHECK(t.reserve(index) == 0);
 	}
 	SECTION("a small index space runs out, then recycles")
 	{
-		KeyTable t(1000, 1000, 8); /* indices 3..7 */
+		KeyTable t(1000, 8); /* indices 3..7 */
 		std::set<uint32_t> got;
 		uint32_t index;
 		for (int i = 0; i < 5; i++) {
-			REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+			REQUIRE(t.reserve(index) == 0);
 			CHECK(got.insert(index).second);
 		}
-		CHECK(t.reserve(KeyKind::Mr, index) == ENOMEM);
-		t.release(5, KeyKind::Mr);
-		REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+		CHECK(t.reserve(index) == ENOMEM);
+		t.release(5);
+		REQUIRE(t.reserve(index) == 0);
 		CHECK(index == 5);
 	}
 }
 
 TEST_CASE("freed indices are not reused at once", "[keys]")
 {
-	KeyTable t(100000, 100000);
+	KeyTable t(100000);
 	std::set<uint32_t> seen;
 	uint32_t index;
 	for (int i = 0; i < 200; i++) {
-		REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+		REQUIRE(t.reserve(index) == 0);
 		CHECK(seen.insert(index).second);
-		t.release(index, KeyKind::Mr);
+		t.release(index);
 	}
 }
 
 TEST_CASE("unpublish waits for the readers of the key", "[keys][threads]")
 {
-	KeyTable t(10, 10);
+	KeyTable t(10);
 	uint32_t index;
-	REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+	REQUIRE(t.reserve(index) == 0);
 	uint32_t key = t.publish(index, mr_entry(0, 64, 0), 1);
 
 	KeyRef held = t.acquire(key);
@@ -192,9 +189,9 @@ TEST_CASE("unpublish waits for the readers of the key", "[keys][threads]")
 
 TEST_CASE("lookups racing with republication see whole entries", "[keys][threads]")
 {
-	KeyTable t(10, 10);
+	KeyTable t(10);
 	uint32_t index;
-	REQUIRE(t.reserve(KeyKind::Mr, index) == 0);
+	REQUIRE(t.reserve(index) == 0);
 	/* Every published entry satisfies addr == iova * 3 and length == iova. */
 	auto entry = [](uint64_t n) {
 		KeyEntry e{};
