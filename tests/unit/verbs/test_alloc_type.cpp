@@ -57,6 +57,29 @@ struct ibv_qp *create_rc_qp(struct ibv_pd *pd, struct ibv_cq *cq)
 	return ibv_create_qp(pd, &attr);
 }
 
+/* A CQ and an RC QP on it, both required to be created; destroyed in
+ * order. */
+struct CqAndQp {
+	struct ibv_cq *cq;
+	struct ibv_qp *qp = nullptr;
+
+	CqAndQp(struct ibv_context *ctx, struct ibv_pd *pd)
+	{
+		cq = ibv_create_cq(ctx, 100, nullptr, nullptr, 0);
+		REQUIRE(cq);
+		qp = create_rc_qp(pd, cq);
+		REQUIRE(qp);
+	}
+	~CqAndQp()
+	{
+		if (qp)
+			CHECK(ibv_destroy_qp(qp) == 0);
+		CHECK(ibv_destroy_cq(cq) == 0);
+	}
+	CqAndQp(const CqAndQp &) = delete;
+	CqAndQp &operator=(const CqAndQp &) = delete;
+};
+
 struct ibv_srq *create_srq(struct ibv_pd *pd)
 {
 	struct ibv_srq_init_attr attr{};
@@ -131,14 +154,9 @@ TEST_CASE("MLX_*_ALLOC_TYPE: PREFER_HUGE falls back, ANON and custom allocators 
 	{
 		EnvGuard cq_env("MLX_CQ_ALLOC_TYPE", "PREFER_HUGE");
 		EnvGuard qp_env("MLX_QP_ALLOC_TYPE", "ALL");
-		struct ibv_cq *cq = ibv_create_cq(f.ctx, 100, nullptr, nullptr, 0);
-		REQUIRE(cq);
-		struct ibv_qp *qp = create_rc_qp(f.pd, cq);
-		REQUIRE(qp);
+		CqAndQp objects(f.ctx, f.pd);
 		/* On huge pages when the host has some. */
 		CHECK(huge_pages_available() == (before > 0 ? before - 1 : before));
-		CHECK(ibv_destroy_qp(qp) == 0);
-		CHECK(ibv_destroy_cq(cq) == 0);
 	}
 	SECTION("an explicit type overrides the older HUGE_CQ=y")
 	{
@@ -190,10 +208,5 @@ TEST_CASE("rxe: MLX_*_ALLOC_TYPE is libmlx5's, not read", "[.][rxe]")
 	shmv_test::DeviceWithPd f;
 	EnvGuard cq_env("MLX_CQ_ALLOC_TYPE", "HUGE");
 	EnvGuard qp_env("MLX_QP_ALLOC_TYPE", "HUGE");
-	struct ibv_cq *cq = ibv_create_cq(f.ctx, 100, nullptr, nullptr, 0);
-	REQUIRE(cq);
-	struct ibv_qp *qp = create_rc_qp(f.pd, cq);
-	REQUIRE(qp);
-	CHECK(ibv_destroy_qp(qp) == 0);
-	CHECK(ibv_destroy_cq(cq) == 0);
+	CqAndQp objects(f.ctx, f.pd); /* both created: HUGE was not read */
 }
