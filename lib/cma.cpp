@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "cma.h"
 
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -78,6 +79,28 @@ bool cma_probe()
 	if (scope == 1)
 		(void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 	return true;
+}
+
+bool cma_self_available()
+{
+	static const bool available = [] {
+		uint64_t src = 0x5348564d43414d41ULL, dst = 0;
+		return copy_checked(&dst, &src, sizeof(src)) == 0 && dst == src;
+	}();
+	return available;
+}
+
+int copy_checked(void *dst, const void *src, size_t len)
+{
+	return cma_copy(getpid(), false, dst, reinterpret_cast<uint64_t>(src), len);
+}
+
+int fault_in_word(uint64_t addr)
+{
+	static const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+	return madvise(reinterpret_cast<void *>(addr & ~(page - 1)), page, MADV_POPULATE_WRITE)
+		       ? EFAULT
+		       : 0;
 }
 
 bool cma_available()

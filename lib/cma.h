@@ -34,4 +34,20 @@ bool cma_probe();
 int cma_write(pid_t pid, uint64_t remote_va, const void *src, size_t len);
 int cma_read(pid_t pid, void *dst, uint64_t remote_va, size_t len);
 
+/* Whether process_vm_readv on this very process works (only seccomp or a
+ * kernel without CMA refuse it; Yama never does): what on-demand paging
+ * needs (lib/mr.h, ODP). Probed once. */
+bool cma_self_available();
+
+/* A memcpy within this process that cannot fault: the kernel copies, so an
+ * unmapped or write-protected page on either side is EFAULT instead of
+ * SIGSEGV. 0 or a positive errno. One system call (ODP memory's accesses:
+ * its pages may come and go under a registration). */
+int copy_checked(void *dst, const void *src, size_t len);
+
+/* Faults in, writable, the page holding the 8-byte word at `addr`
+ * (madvise MADV_POPULATE_WRITE) before a CPU atomic on ODP memory: 0, or
+ * EFAULT where it is not mapped or not writable. */
+int fault_in_word(uint64_t addr);
+
 } // namespace shmverbs::memshare
