@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include "bounce.h"
+#include "cma.h"
 #include "log.h"
 
 #include <fcntl.h>
@@ -80,6 +81,22 @@ uint64_t now_ns()
 bool process_gone(pid_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
 constexpr long kPollNs = 20 * 1000 * 1000; /* re-check for death/stop this often */
+
+/* An access to pages that may be absent (Access::by_kernel, ODP memory):
+ * a read or write is a copy the kernel makes (`copied`); an atomic's page is
+ * faulted in writable first, so that the CPU atomic cannot fault. A hole is
+ * EFAULT. */
+int by_kernel(BounceOp op, uint64_t addr, char *data, uint64_t len, bool &copied)
+{
+	[[maybe_unused]] AsDeviceAccess as_device;
+	void *target = reinterpret_cast<void *>(addr);
+	copied = op == BounceOp::write || op == BounceOp::read;
+	if (op == BounceOp::write)
+		return copy_checked(target, data, len) ? EFAULT : 0;
+	if (op == BounceOp::read)
+		return copy_checked(data, target, len) ? EFAULT : 0;
+	return fault_in_word(addr);
+}
 
 } // namespace
 
@@ -184,9 +201,13 @@ void BounceServer::execute(BounceSlot *slot)
 		status = EINVAL;
 	else if (op >= uint32_t(BounceOp::fetch_add) && (len != 8 || addr % 8))
 		status = EINVAL;
-	else if (validate_ && !validate_(ctx_, addr, len, write))
+	Access access = Access::allowed;
+	if (status == 0 && validate_ && (access = validate_(ctx_, addr, len, write)) == Access::refused)
 		status = EACCES;
-	if (status == 0) {
+	bool copied = false;
+	if (status == 0 && access == Access::by_kernel)
+		status = by_kernel(static_cast<BounceOp>(op), addr, data, len, copied);
+	if (status == 0 && !copied) {
 		void *target = reinterpret_cast<void *>(addr);
 		[[maybe_unused]] AsDeviceAccess as_device;
 		switch (static_cast<BounceOp>(op)) {

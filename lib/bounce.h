@@ -89,9 +89,13 @@ constexpr size_t bounce_file_size(uint32_t nslots, uint32_t slot_size)
 class BounceServer {
 public:
 	/* Whether the initiator may access [addr, addr + len) (write: store
-	 * into it). The data path passes its MR table check: the helper only
-	 * touches memory a live registration allows. nullptr allows all (tests). */
-	using Validate = bool (*)(void *ctx, uint64_t addr, uint64_t len, bool write);
+	 * into it), and how. The data path passes its MR table check: the
+	 * helper only touches memory a live registration allows. by_kernel:
+	 * the pages may be absent (on-demand paging), so copies are made by
+	 * the kernel and atomics fault the page in first, and a hole is
+	 * EFAULT, never SIGSEGV. nullptr allows all (tests). */
+	enum class Access { refused, allowed, by_kernel };
+	using Validate = Access (*)(void *ctx, uint64_t addr, uint64_t len, bool write);
 
 	/* Creates the bounce file and starts the helper thread. nslots 1-1024,
 	 * slot_size a multiple of 64 in [64, 1 MiB]; EINVAL otherwise. */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include "context.h"
+#include "mr.h"
 #include "log.h"
 #include "fork.h"
 
@@ -293,6 +294,7 @@ int query_device_ex(Context &ctx, const struct ibv_query_device_ex_input *input,
 	full.hca_core_clock = 1000000;
 	full.completion_timestamp_mask = ~0ull;
 	full.max_wq_type_rq = 0;
+	full.odp_caps = odp_caps(*ctx.device, full.xrc_odp_caps);
 
 	std::memset(attr, 0, attr_size);
 	std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));

@@ -3,6 +3,7 @@
 #include "datapath_internal.h"
 
 #include "ah.h"
+#include "cma.h"
 #include "cq_produce.h"
 
 #include "log.h"
@@ -88,10 +89,11 @@ KeyRef acquire_key(const PeerSegment &seg, uint32_t key)
 	return acquire_remote_key(slots[index & (key_chunk_slots - 1)], key);
 }
 
-/* Local SGEs checked against our key table; iovecs of our memory. */
+/* Local SGEs checked against our key table; iovecs of our memory (ODP
+ * memory staged in `odp`; without one, an ODP key is refused). */
 enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct ibv_sge *sges,
 				int count, uint32_t access, std::vector<struct iovec> &out,
-				LocalKeyCache &refs, uint64_t &total)
+				LocalKeyCache &refs, uint64_t &total, OdpStage *odp)
 {
 	total = 0;
 	for (const ibv_sge &s : std::span(sges, size_t(count))) {
@@ -114,6 +116,14 @@ enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct
 			if (v.size() < s.length)
 				v.resize(s.length);
 			out.push_back({v.data(), s.length});
+		} else if (is_odp(ref->access)) {
+			const uint64_t at = ref.address_of(s.addr);
+			void *staged = !odp ? nullptr
+				: (access & IBV_ACCESS_LOCAL_WRITE) ? odp->write_out(at, s.length)
+								     : odp->read_in(at, s.length);
+			if (!staged)
+				return IBV_WC_LOC_PROT_ERR;
+			out.push_back({staged, s.length});
 		} else {
 			out.push_back({reinterpret_cast<void *>(ref.address_of(s.addr)), s.length});
 		}
@@ -219,8 +229,8 @@ const KeyRef &HeldKey::take(const PeerSegment &peer, uint32_t k)
 	if (null_mr)
 		return ref;
 	/* Reached directly when the whole MR is: our own memory (a loopback
-	 * target), or a Shared MR whose window covers it. */
-	if (peer.local) {
+	 * target) but ODP memory, or a Shared MR whose window covers it. */
+	if (peer.local && !is_odp(e.access)) {
 		direct = true;
 		delta = e.addr - e.iova;
 	} else if (e.path == MemPath::Shared) {
@@ -1004,12 +1014,57 @@ bool QpEngine::progress()
 	}
 }
 
+/* OdpStage (datapath.h). */
+void *OdpStage::read_in(uint64_t addr, size_t len)
+{
+	char *b = buffers_.emplace_back(new char[len]).get();
+	if (memshare::copy_checked(b, reinterpret_cast<const void *>(addr), len))
+		return nullptr;
+	return b;
+}
+
+void *OdpStage::write_out(uint64_t addr, size_t len)
+{
+	/* What is there now: an atomic places 8 bytes of a longer SGE, and the
+	 * rest goes back as it was (a hole fails the WR before it runs). */
+	void *b = read_in(addr, len);
+	if (b)
+		out_.push_back({addr, b, len});
+	return b;
+}
+
+int OdpStage::write_back()
+{
+	for (const Out &o : out_)
+		if (memshare::copy_checked(reinterpret_cast<void *>(o.addr), o.from, o.len))
+			return EFAULT;
+	return 0;
+}
+
 /*
- * Executes one WR (sq_lock_ held). Done: wc.status says how it went (the
+ * Executes one WR (sq_lock_ held): execute_wr(), and then what it staged of
+ * ODP memory goes out, if it succeeded (a destination that is not mapped
+ * makes it a local protection error, which ends the QP as any is).
+ */
+[[gnu::flatten]] QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
+{
+	Outcome o = execute_wr(wr, wc);
+	if (!odp_stage_.empty()) [[unlikely]] {
+		if (o == Outcome::Done && wc.status == IBV_WC_SUCCESS && odp_stage_.write_back()) {
+			wc.status = IBV_WC_LOC_PROT_ERR;
+			o = Outcome::Fatal;
+		}
+		odp_stage_.clear();
+	}
+	return o;
+}
+
+/*
+ * execute()'s WR. Done: wc.status says how it went (the
  * send completion is written by the caller). Fatal: the same, and the QP
  * then moves to ERR. Wait: try again later (wr.not_before).
  */
-[[gnu::flatten]] QpEngine::Outcome QpEngine::execute(SendWr &wr, struct ibv_wc &wc)
+QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 {
 	const bool reliable = type_ == IBV_QPT_RC || type_ == IBV_QPT_XRC_SEND;
 	auto fail = [&](enum ibv_wc_status s) {
@@ -1045,7 +1100,8 @@ bool QpEngine::progress()
 		length = wr.inline_data.size();
 	} else if (enum ibv_wc_status s = local_iovecs(
 			   local_keys_, pdn_, wr.sge.data(), int(wr.sge.size()),
-			   into_local ? IBV_ACCESS_LOCAL_WRITE : 0, local, local_refs, length)) {
+			   into_local ? IBV_ACCESS_LOCAL_WRITE : 0, local, local_refs, length,
+			   &odp_stage_)) {
 		return fail(s);
 	}
 	wc.byte_len = uint32_t(length);
@@ -1713,7 +1769,9 @@ bool QpEngine::direct_local(std::span<const struct ibv_sge> sge, bool inlined, u
 			const KeyRef *ref = local_refs_.get(local_keys_, s.lkey);
 			if (ref && (*ref)->kind == KeyKind::NullMr)
 				return 0;
-			if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, access))
+			/* ODP memory: execute() stages it. */
+			if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, access) ||
+			    is_odp((*ref)->access))
 				return -1;
 			at = ref->address_of(s.addr);
 		}
@@ -1753,7 +1811,7 @@ bool QpEngine::direct_local(std::span<const struct ibv_sge> sge, bool inlined, u
 			length += s.length;
 		}
 	} else if (local_iovecs(local_keys_, pdn_, sge.data(), int(sge.size()), access, local_iov_,
-				local_refs_, length)) {
+				local_refs_, length, nullptr)) {
 		local_refs_.end_wr();
 		return false;
 	}
@@ -1888,16 +1946,13 @@ int QpEngine::remote_write(const PeerSegment &peer, const KeyEntry &mr, uint64_t
 			   const struct iovec *local, int count)
 {
 	if (count == 1) { /* the common case, without the loops */
-		char *to = peer.local ? reinterpret_cast<char *>(addr)
-				      : cached_window(peer, mr, addr, local->iov_len);
+		char *to = direct_at(peer, mr, addr, local->iov_len);
 		if (!to)
 			return remote_memory_for(peer, mr).write(peer, mr, addr, local, 1);
 		copy_payload(to, local->iov_base, local->iov_len);
 		return 0;
 	}
-	/* Our own memory (a loopback target): the address is ours. */
-	char *to = peer.local ? reinterpret_cast<char *>(addr)
-			      : cached_window(peer, mr, addr, iov_bytes(local, count));
+	char *to = direct_at(peer, mr, addr, iov_bytes(local, count));
 	if (!to)
 		return remote_memory_for(peer, mr).write(peer, mr, addr, local, count);
 	gather(to, local, count);
@@ -1908,15 +1963,13 @@ int QpEngine::remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t 
 			  const struct iovec *local, int count)
 {
 	if (count == 1) { /* the common case, without the loops */
-		const char *from = peer.local ? reinterpret_cast<const char *>(addr)
-					      : cached_window(peer, mr, addr, local->iov_len);
+		const char *from = direct_at(peer, mr, addr, local->iov_len);
 		if (!from)
 			return remote_memory_for(peer, mr).read(peer, mr, addr, local, 1);
 		copy_payload(local->iov_base, from, local->iov_len);
 		return 0;
 	}
-	const char *from = peer.local ? reinterpret_cast<const char *>(addr)
-				      : cached_window(peer, mr, addr, iov_bytes(local, count));
+	const char *from = direct_at(peer, mr, addr, iov_bytes(local, count));
 	if (!from)
 		return remote_memory_for(peer, mr).read(peer, mr, addr, local, count);
 	scatter(local, count, from);

@@ -172,6 +172,42 @@ private:
 	unsigned last_ = 0; /* the entry get() returned last */
 };
 
+/*
+ * The local pieces of a WR that lie in ODP MRs (lib/mr.h), whose pages may
+ * be absent: the engine never touches them directly. A piece the WR reads
+ * (a SEND's or WRITE's source) is copied by the kernel into a buffer here
+ * before the WR runs; a piece it writes (a READ's or an atomic's
+ * destination) is read in as well and copied out once the WR has succeeded
+ * (write_back()). A hole is a local protection error, as mlx5 reports an
+ * ODP fault it cannot resolve. Under the engine's sq_lock_;
+ * emptied after each WR.
+ */
+class OdpStage {
+public:
+	bool empty() const { return buffers_.empty(); }
+	/* A buffer holding [addr, addr + len) now; nullptr: not mapped. */
+	void *read_in(uint64_t addr, size_t len);
+	/* A buffer holding [addr, addr + len) now, whose contents go back
+	 * there at write_back(); nullptr: not mapped. */
+	void *write_out(uint64_t addr, size_t len);
+	/* 0, or EFAULT where a destination is not mapped (or not writable). */
+	int write_back();
+	void clear()
+	{
+		buffers_.clear();
+		out_.clear();
+	}
+
+private:
+	struct Out {
+		uint64_t addr;
+		const void *from;
+		size_t len;
+	};
+	std::deque<std::unique_ptr<char[]>> buffers_; /* not zeroed: each is written first */
+	std::vector<Out> out_;
+};
+
 /* A key of a peer's key table held between WRs and posts (QpEngine's
  * held_): the slot's entry stays the key's while held, and a hold still
  * good costs loads only. */
@@ -369,6 +405,7 @@ public:
 private:
 	enum class Outcome { Done, Wait, Fatal };
 	Outcome execute(SendWr &wr, struct ibv_wc &wc);
+	Outcome execute_wr(SendWr &wr, struct ibv_wc &wc);
 	/* Executes one WR at once (sq_lock_ held, queue empty): false when it
 	 * must wait and the caller queues it; *fatal when the QP must enter ERR. */
 	bool run_now(SendWr &wr, bool &fatal);
@@ -381,6 +418,16 @@ private:
 	int remote_read(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr,
 			const struct iovec *local, int count);
 	char *cached_window(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, uint64_t len);
+	/* Where [addr, addr + len) of a target's MR `mr` is reached by a plain
+	 * pointer: our own memory (a loopback target) but ODP memory (lib/mr.h),
+	 * or a peer's Shared MR through the cached windows; nullptr: its path
+	 * (remote_memory_for) answers. */
+	char *direct_at(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, uint64_t len)
+	{
+		if (peer.local)
+			return is_odp(mr.access) ? nullptr : reinterpret_cast<char *>(addr);
+		return cached_window(peer, mr, addr, len);
+	}
 	/* lib/ud.cpp. What a UD send reads of its WR: a SendWr's fields, or
 	 * the application's ibv_send_wr and AH on the direct path. */
 	struct UdSend {
@@ -482,7 +529,9 @@ private:
 		if (!s.length)
 			return true;
 		const KeyRef *ref = local_refs_.get(local_keys_, s.lkey);
-		if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, 0)) {
+		/* ODP memory is never touched directly: execute() stages it. */
+		if (!ref || (*ref)->pdn != pdn_ || !ref->permits(s.addr, s.length, 0) ||
+		    is_odp((*ref)->access)) {
 			local_refs_.end_wr();
 			return false;
 		}
@@ -727,6 +776,7 @@ private:
 	 * SGEs and a gathered payload (under sq_lock_; kept with their
 	 * capacity: no allocation, no TLS lookup per WR). */
 	std::vector<struct iovec> local_iov_;
+	OdpStage odp_stage_; /* execute()'s local pieces in ODP MRs */
 	std::vector<shm::RecvSge> recv_sges_;
 	std::vector<char> gathered_;
 	LocalKeyCache local_refs_;

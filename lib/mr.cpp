@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include "mr.h"
+#include "cma.h"
 #include "mr_memory.h"
 #include "segment.h"
 #include "device.h"
@@ -22,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <span>
 #include <thread>
 #include <type_traits>
 
@@ -421,7 +423,22 @@ KeyEntry mr_entry(const Mr &mr)
 
 } // namespace
 
-int check_mr_access(uint32_t access)
+struct ibv_odp_caps odp_caps(const Device &dev, uint32_t &xrc)
+{
+	if (!memshare::cma_self_available()) {
+		xrc = 0;
+		return {};
+	}
+	return dev.profile->odp_caps(xrc);
+}
+
+bool odp_supported(const Device &dev)
+{
+	uint32_t xrc;
+	return odp_caps(dev, xrc).general_caps & IBV_ODP_SUPPORT;
+}
+
+int check_mr_access(uint32_t access, bool odp)
 {
 	constexpr uint32_t known = ((IBV_ACCESS_HUGETLB << 1) - 1) | IBV_ACCESS_OPTIONAL_RANGE;
 	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
@@ -429,25 +446,51 @@ int check_mr_access(uint32_t access)
 		return EINVAL;
 	if (access & ~known)
 		return EINVAL;
-	if (access & IBV_ACCESS_ON_DEMAND)
+	if (is_odp(access) && !odp)
 		return EOPNOTSUPP;
 	return 0;
 }
+
+namespace {
+
+/* What ib_umem_odp_get() checks of an explicit ODP range: a wrap is
+ * EOVERFLOW; nothing needs to be mapped. */
+int check_odp_range(uint64_t addr, uint64_t length)
+{
+	const uint64_t page = page_size();
+	if (length == 0)
+		return EINVAL;
+	uint64_t end = addr + length;
+	if (end < addr || ((end + page - 1) & ~(page - 1)) < end)
+		return EOVERFLOW;
+	return 0;
+}
+
+} // namespace
 
 Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova,
 		  uint32_t access)
 {
 	const uint64_t start = reinterpret_cast<uintptr_t>(addr);
 	/* libibverbs: implicit ODP must name the whole address space from 0. */
-	if ((access & IBV_ACCESS_ON_DEMAND) && length == SIZE_MAX && addr)
+	if (is_odp(access) && length == SIZE_MAX && addr)
 		return Err{EINVAL};
 	/* uverbs: the iova must sit at the same offset in its page. */
 	if ((start ^ iova) & (page_size() - 1))
 		return Err{EINVAL};
-	if (int err = check_mr_access(access))
+	if (int err = check_mr_access(access, odp_supported(*ctx.device)))
 		return Err{err};
-	if (int err = check_user_range(start, length))
+	if (is_odp(access) && !addr && length == SIZE_MAX) {
+		/* Implicit ODP (mlx5_ib): the whole address space, at iova 0,
+		 * never on huge pages. */
+		if (iova || (access & IBV_ACCESS_HUGETLB))
+			return Err{EINVAL};
+	} else if (is_odp(access)) {
+		if (int err = check_odp_range(start, length))
+			return Err{err};
+	} else if (int err = check_user_range(start, length)) {
 		return Err{err};
+	}
 
 	KeyTable &keys = KeyTable::of(*ctx.device);
 	uint32_t index;
@@ -486,13 +529,15 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 		return EINVAL;
 	if (mr.type != MrType::User)
 		return EINVAL;
+	const Device &dev = *Context::from(mr.ibv.context)->device;
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
-		if (int err = check_mr_access(access))
+		if (int err = check_mr_access(access, odp_supported(dev)))
 			return err;
 	if ((flags & IBV_REREG_MR_CHANGE_PD) && !new_pd)
 		return EINVAL;
+	const bool odp = is_odp((flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : mr.access);
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION)
-		if (int err = check_user_range(start, length))
+		if (int err = odp ? check_odp_range(start, length) : check_user_range(start, length))
 			return err;
 
 	Pd *old_pd = mr.pd;
@@ -539,6 +584,85 @@ int dereg_mr(Mr &mr)
 		mr.pd->uses.put();
 	}
 	delete &mr;
+	return 0;
+}
+
+namespace {
+
+/* One SGE of a prefetch: its pages faulted in now (madvise), as
+ * pagefault_mr() faults them: outside the MR or not mapped is EFAULT, a
+ * write prefetch of pages that cannot be written EPERM. NO_FAULT only
+ * takes what is present: nothing to do here. */
+int prefetch(const KeyRef &ref, enum ibv_advise_mr_advice advice, const struct ibv_sge &s)
+{
+	if (!ref.permits(s.addr, s.length, 0))
+		return EFAULT;
+	if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT || !s.length)
+		return 0;
+	const uint64_t page = page_size();
+	const uint64_t at = ref.address_of(s.addr);
+	const uint64_t start = at & ~(page - 1);
+	const uint64_t end = (at + s.length + page - 1) & ~(page - 1);
+	void *range = reinterpret_cast<void *>(start);
+	const bool write = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+	if (madvise(range, end - start, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+		return 0;
+	/* A hole or a page that cannot be read: EFAULT; one that can be read
+	 * but not written, for a write prefetch: EPERM (hmm_vma_fault). */
+	return write && madvise(range, end - start, MADV_POPULATE_READ) == 0 ? EPERM : EFAULT;
+}
+
+} // namespace
+
+int advise_mr(Context &ctx, Pd &pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+	      const struct ibv_sge *sg_list, uint32_t num_sge)
+{
+	if (!odp_supported(*ctx.device))
+		return EOPNOTSUPP; /* mlx5_ib installs no advise_mr without ODP */
+	/* libibverbs: the list must fit one attribute (64 KiB). */
+	if (num_sge > 4095)
+		return EINVAL;
+	if (flags & ~uint32_t(IBV_ADVISE_MR_FLAG_FLUSH) || num_sge == 0)
+		return EINVAL;
+	if (!sg_list)
+		return EFAULT;
+	if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH &&
+	    advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+	    advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		return EOPNOTSUPP;
+	const KeyTable &keys = KeyTable::of(*ctx.device);
+	/* get_prefetchable_mr(): an ODP MR of this PD, writable for a write
+	 * prefetch. */
+	auto check = [&](const KeyRef &ref) {
+		if (!ref || ref->kind != KeyKind::Mr || !is_odp(ref->access))
+			return ENOENT;
+		if (ref->pdn != pd.pdn)
+			return EPERM;
+		if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+		    !(ref->access & IBV_ACCESS_LOCAL_WRITE))
+			return EPERM;
+		return 0;
+	};
+	const std::span<const struct ibv_sge> sges(sg_list, num_sge);
+	if (flags & IBV_ADVISE_MR_FLAG_FLUSH) {
+		/* Synchronous: SGE by SGE, the first error ends it. */
+		for (const struct ibv_sge &s : sges) {
+			KeyRef ref = keys.acquire(s.lkey);
+			if (int err = check(ref))
+				return err;
+			if (int err = prefetch(ref, advice, s))
+				return err;
+		}
+		return 0;
+	}
+	/* Asynchronous on mlx5: the keys are checked now, the faults are
+	 * the work item's, whose errors nobody sees. */
+	for (const struct ibv_sge &s : sges)
+		if (int err = check(keys.acquire(s.lkey)))
+			return err;
+	for (const struct ibv_sge &s : sges)
+		if (KeyRef ref = keys.acquire(s.lkey))
+			(void)prefetch(ref, advice, s);
 	return 0;
 }
 

@@ -295,10 +295,36 @@ struct Mr {
 	static Mr *from(struct ibv_mr *mr) { return reinterpret_cast<Mr *>(mr); }
 };
 
+/*
+ * On-demand paging. An ODP MR is never switched to the memory file: its
+ * pages follow the process's mappings at the time of each access, as on a
+ * NIC that faults them in. Peers reach it by address (CMA, or the bounce
+ * helper where CMA is blocked), never through a window; its owner's own
+ * accesses (its local SGEs, a loopback target) are copies the kernel makes
+ * (memshare::copy_checked), so a page that is not mapped is an error
+ * completion, never a SIGSEGV. The device offers it (the profile's
+ * odp_caps) only where such a copy works in this process.
+ */
+inline bool is_odp(uint32_t access) { return access & IBV_ACCESS_ON_DEMAND; }
+/* ibv_query_device_ex's odp_caps and xrc_odp_caps for `dev`. */
+struct ibv_odp_caps odp_caps(const Device &dev, uint32_t &xrc);
+bool odp_supported(const Device &dev);
+
 /* The kernel's access check (ib_check_mr_access, Linux 6.x): remote write or
  * remote atomic without local write, or a bit outside the known and optional
- * ranges: EINVAL; on-demand paging, which we do not offer: EOPNOTSUPP. */
-int check_mr_access(uint32_t access);
+ * ranges: EINVAL; on-demand paging on a device without it: EOPNOTSUPP. */
+int check_mr_access(uint32_t access, bool odp);
+
+/* ibv_advise_mr() (mlx5_ib's checks, in its order): flags other than FLUSH,
+ * no SGE or more than 4095: EINVAL; advice other than the three prefetches:
+ * EOPNOTSUPP; an lkey that is not an ODP MR of this device: ENOENT; of
+ * another PD, or a write prefetch of an MR without local write: EPERM. With
+ * FLUSH the pages are faulted in now (madvise MADV_POPULATE_READ/WRITE): a
+ * range outside the MR or not mapped is EFAULT (PREFETCH_NO_FAULT skips
+ * what is not mapped); without it, the same is done and its errors are
+ * dropped, as mlx5's work item drops them. */
+int advise_mr(Context &ctx, Pd &pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+	      const struct ibv_sge *sg_list, uint32_t num_sge);
 
 /* ibv_reg_mr_iova2() behind libibverbs: the checks of libibverbs, uverbs and
  * ib_umem_get in their order (ODP whole-address-space form, iova page offset,

@@ -35,9 +35,13 @@ BounceRanges *&bounce_ranges_ptr()
 }
 BounceRanges &bounce_ranges() { return *bounce_ranges_ptr(); }
 
-bool validate_bounce(void *, uint64_t addr, uint64_t len, bool write)
+memshare::BounceServer::Access validate_bounce(void *, uint64_t addr, uint64_t len, bool write)
 {
-	return bounce_range_allowed(addr, len, write);
+	using Access = memshare::BounceServer::Access;
+	bool odp = false;
+	if (!bounce_range_allowed(addr, len, write, &odp))
+		return Access::refused;
+	return odp ? Access::by_kernel : Access::allowed;
 }
 
 /* The process's bounce server, made on the first Bounce MR and kept for the
@@ -149,6 +153,12 @@ MemPath mr_memory_attach(uint64_t addr, uint64_t length, uint32_t access)
 	if (!(access & reachable))
 		return MemPath::Cma; /* no peer ever touches it: nothing to set up */
 	MemPath path;
+	if (is_odp(access)) {
+		/* Never switched to the memory file: reached by address at
+		 * the time of each access (lib/mr.h, on-demand paging). */
+		path = fallback_path();
+		return path == MemPath::Bounce ? attach_bounce(addr, length, access) : path;
+	}
 	switch (memshare::share(reinterpret_cast<void *>(addr), size_t(length))) {
 	case memshare::Path::shared:
 		if (publish_memory_file() != 0) {
@@ -194,7 +204,7 @@ void mr_memory_detach(uint64_t addr, uint64_t length, uint32_t access, MemPath p
 	}
 }
 
-bool bounce_range_allowed(uint64_t addr, uint64_t len, bool write)
+bool bounce_range_allowed(uint64_t addr, uint64_t len, bool write, bool *odp)
 {
 	if (addr + len < addr)
 		return false;
@@ -203,8 +213,11 @@ bool bounce_range_allowed(uint64_t addr, uint64_t len, bool write)
 	std::shared_lock guard(r.lock);
 	for (auto it = r.ranges.upper_bound(addr); it != r.ranges.begin();) {
 		--it;
-		if (addr + len <= it->second.first && (it->second.second & need) == need)
+		if (addr + len <= it->second.first && (it->second.second & need) == need) {
+			if (odp)
+				*odp = is_odp(it->second.second);
 			return true;
+		}
 	}
 	return false;
 }

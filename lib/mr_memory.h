@@ -43,7 +43,8 @@ void mr_memory_detach(uint64_t addr, uint64_t length, uint32_t access, MemPath p
 
 /* The bounce server's check: [addr, addr + len) lies in one live Bounce
  * registration that allows it (write: LOCAL_WRITE, which every remote
- * write, atomic and receive placement needs; read: REMOTE_READ). */
-bool bounce_range_allowed(uint64_t addr, uint64_t len, bool write);
+ * write, atomic and receive placement needs; read: REMOTE_READ). `odp`:
+ * whether that registration is an ODP MR (its pages may be absent). */
+bool bounce_range_allowed(uint64_t addr, uint64_t len, bool write, bool *odp = nullptr);
 
 } // namespace shmverbs

@@ -34,7 +34,7 @@ void clear_recv(struct ibv_qp_cap &c)
 }
 
 /* Device capability flags every profile claims: only what the emulation does
- * implement (no memory windows type 2, no UD IP checksum, no ODP). */
+ * implement (no memory windows type 2, no UD IP checksum; ODP: odp_caps()). */
 constexpr unsigned common_cap_flags =
 	IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR | IBV_DEVICE_CHANGE_PHY_PORT |
 	IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
@@ -190,6 +190,24 @@ public:
 		out.queried = q;
 		out.mlx5_buffer_bytes = buffer;
 		return 0;
+	}
+
+	/* A ConnectX-5 with ODP on: mlx5_ib mirrors the firmware's bits,
+	 * which (on the firmware of the rdma-core 44 era) give RC and XRC all
+	 * but atomics, UD sends only, UC nothing (mlx5_ib never fills it),
+	 * and implicit ODP. */
+	struct ibv_odp_caps odp_caps(uint32_t &xrc) const override
+	{
+		constexpr uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+					IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+					IBV_ODP_SUPPORT_SRQ_RECV;
+		xrc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+		      IBV_ODP_SUPPORT_SRQ_RECV;
+		struct ibv_odp_caps c{};
+		c.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+		c.per_transport_caps.rc_odp_caps = rc;
+		c.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND;
+		return c;
 	}
 
 	int size_cq(uint32_t cqe, uint32_t &out) const override
@@ -397,6 +415,7 @@ public:
 	const char *fw_ver() const override { return mlx5_.fw_ver(); }
 	struct ibv_device_attr device_attr() const override { return mlx5_.device_attr(); }
 	struct ibv_port_attr port_attr(LinkLayer ll) const override { return mlx5_.port_attr(ll); }
+	struct ibv_odp_caps odp_caps(uint32_t &xrc) const override { return mlx5_.odp_caps(xrc); }
 
 	/* Whatever the mlx5 profile would refuse is refused; what it would
 	 * grant is granted exactly as asked. */

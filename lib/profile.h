@@ -66,6 +66,15 @@ public:
 	virtual int size_srq(uint32_t max_wr, uint32_t max_sge, uint32_t &wr_out,
 			     uint32_t &sge_out) const = 0;
 
+	/* On-demand paging as the device reports it (ibv_query_device_ex
+	 * odp_caps and xrc_odp_caps); none by default. What the host allows
+	 * is decided by odp_caps() in lib/mr.h. */
+	virtual struct ibv_odp_caps odp_caps(uint32_t &xrc) const
+	{
+		xrc = 0;
+		return {};
+	}
+
 	static const Profile &get(ProfileKind kind);
 };
 

@@ -4,6 +4,7 @@
 #include "fork.h"
 
 #include "bounce.h"
+#include "cma.h"
 #include "copy.h"
 #include "memshare.h"
 #include "mr_memory.h"
@@ -78,6 +79,18 @@ uint64_t apply(AtomicOp op, uint64_t old, uint64_t a, uint64_t b)
 	return old == a ? b : old;
 }
 
+/* The atomic as one CPU instruction on a word of our own memory; the old
+ * value. */
+uint64_t cpu_atomic(uint64_t addr, AtomicOp op, uint64_t a, uint64_t b)
+{
+	std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t *>(addr));
+	if (op == AtomicOp::FetchAdd)
+		return word.fetch_add(a);
+	uint64_t expected = a;
+	word.compare_exchange_strong(expected, b);
+	return expected;
+}
+
 /* This process's own memory. */
 class DirectMemory final : public RemoteMemory {
 public:
@@ -96,22 +109,63 @@ public:
 	int atomic(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, AtomicOp op,
 		   uint64_t a, uint64_t b, uint64_t *old) override
 	{
-		std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t *>(addr));
 		if (mr.path == MemPath::Cma) {
 			/* Remote initiators take the lock on this memory: so
 			 * must we, or we would not be atomic against them. */
+			std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t *>(addr));
 			AtomicLock guard(peer, addr);
 			*old = word.load();
 			word.store(apply(op, *old, a, b));
 			return 0;
 		}
-		if (op == AtomicOp::FetchAdd) {
-			*old = word.fetch_add(a);
-		} else {
-			uint64_t expected = a;
-			word.compare_exchange_strong(expected, b);
-			*old = expected;
+		*old = cpu_atomic(addr, op, a, b);
+		return 0;
+	}
+};
+
+/* This process's own ODP memory (lib/mr.h): its pages may be absent, so
+ * every copy is made by the kernel and a hole is EFAULT. Atomics follow the
+ * MR's path as DirectMemory's do: under the OFD lock for Cma memory, CPU
+ * atomics (after faulting the page in writable) for Bounce memory, whose
+ * helper uses CPU atomics. */
+class OwnOdpMemory final : public RemoteMemory {
+public:
+	int write(const PeerSegment &, const KeyEntry &, uint64_t addr, const struct iovec *local,
+		  int count) override
+	{
+		for (int i = 0; i < count; i++) {
+			if (memshare::copy_checked(reinterpret_cast<void *>(addr), local[i].iov_base,
+						   local[i].iov_len))
+				return EFAULT;
+			addr += local[i].iov_len;
 		}
+		return 0;
+	}
+	int read(const PeerSegment &, const KeyEntry &, uint64_t addr, const struct iovec *local,
+		 int count) override
+	{
+		for (int i = 0; i < count; i++) {
+			if (memshare::copy_checked(local[i].iov_base, reinterpret_cast<void *>(addr),
+						   local[i].iov_len))
+				return EFAULT;
+			addr += local[i].iov_len;
+		}
+		return 0;
+	}
+	int atomic(const PeerSegment &peer, const KeyEntry &mr, uint64_t addr, AtomicOp op,
+		   uint64_t a, uint64_t b, uint64_t *old) override
+	{
+		auto *word = reinterpret_cast<uint64_t *>(addr);
+		if (mr.path == MemPath::Cma) {
+			AtomicLock guard(peer, addr);
+			if (memshare::copy_checked(old, word, 8))
+				return EFAULT;
+			const uint64_t value = apply(op, *old, a, b);
+			return memshare::copy_checked(word, &value, 8) ? EFAULT : 0;
+		}
+		if (memshare::fault_in_word(addr))
+			return EFAULT;
+		*old = cpu_atomic(addr, op, a, b);
 		return 0;
 	}
 };
@@ -380,6 +434,7 @@ private:
 };
 
 DirectMemory direct;
+OwnOdpMemory own_odp;
 CmaMemory cma;
 SharedMemory shared;
 BounceMemory bounce;
@@ -421,7 +476,7 @@ void fork_child::remote_memory() { peer_table_ptr() = new PeerTable; }
 RemoteMemory &remote_memory_for(const PeerSegment &peer, const KeyEntry &mr)
 {
 	if (peer.local)
-		return direct;
+		return is_odp(mr.access) ? static_cast<RemoteMemory &>(own_odp) : direct;
 	switch (mr.path) {
 	case MemPath::Shared: return shared;
 	case MemPath::Bounce: return bounce;

@@ -428,12 +428,11 @@ bool takes_messages(uint32_t st)
 			if (n > grh_part)
 				v[nv++] = {const_cast<char *>(m.data) + from, size_t(n - grh_part)};
 			if (nv) {
-				/* Our own segment's buffer is our memory; a peer's
-				 * Shared MR is reached through the engine's
-				 * windows; anything else through its path. */
+				/* Our own memory (but ODP memory) and a peer's
+				 * Shared MR directly; anything else through its
+				 * path. */
 				const uint64_t at = ref->address_of(s.addr + skip);
-				char *to = rq_seg.local ? reinterpret_cast<char *>(at)
-							: cached_window(rq_seg, **ref, at, n - skip);
+				char *to = direct_at(rq_seg, **ref, at, n - skip);
 				if (to) {
 					for (int i = 0; i < nv; i++) {
 						std::memcpy(to, v[i].iov_base, v[i].iov_len);

@@ -12,12 +12,14 @@
  * that can (Linux >= 5.9), which accepts and ignores the ones it does not
  * implement.
  *
+ * ibv_advise_mr works on ODP MRs where the device offers ODP (lib/mr.h),
+ * else EOPNOTSUPP, as mlx5 without ODP.
+ *
  * Not offered: ibv_reg_dmabuf_mr (EOPNOTSUPP: there is no device memory to
- * import from), ibv_advise_mr (EOPNOTSUPP: mlx5 needs ODP for it),
- * memory windows: binding one is not implemented, so, like a device
- * without them, the device reports max_mw 0 and no IBV_DEVICE_MEM_WINDOW*
- * flag, and alloc_mw, dealloc_mw and bind_mw keep their EOPNOTSUPP
- * defaults (ops.cpp; docs/verbs.md).
+ * import from), memory windows: binding one is not implemented, so, like a
+ * device without them, the device reports max_mw 0 and no
+ * IBV_DEVICE_MEM_WINDOW* flag, and alloc_mw, dealloc_mw and bind_mw keep
+ * their EOPNOTSUPP defaults (ops.cpp; docs/verbs.md).
  */
 #include "abi.h"
 #include "abi_enum.h"
@@ -55,6 +57,16 @@ struct ibv_td *ctx_alloc_td(struct ibv_context *context, struct ibv_td_init_attr
 	if (!c || !init_attr)
 		return fail_ptr<struct ibv_td>(EINVAL);
 	return guard_ptr([&] { return to_ptr(alloc_td(*c, *init_attr)); });
+}
+
+int ctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+		  struct ibv_sge *sg_list, uint32_t num_sge)
+{
+	Context *c = pd ? to_context(pd->context) : nullptr;
+	if (!c)
+		return EINVAL;
+	return guard_int(
+		[&] { return advise_mr(*c, *Pd::from(pd), advice, flags, sg_list, num_sge); });
 }
 
 int ctx_dealloc_td(struct ibv_td *td)
@@ -108,6 +120,7 @@ namespace shmverbs::abi {
 void install_pd_ops(struct verbs_context &v)
 {
 	v.alloc_null_mr = ctx_alloc_null_mr;
+	v.advise_mr = ctx_advise_mr;
 	v.alloc_td = ctx_alloc_td;
 	v.dealloc_td = ctx_dealloc_td;
 	v.alloc_parent_domain = ctx_alloc_parent_domain;

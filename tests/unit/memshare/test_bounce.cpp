@@ -33,10 +33,11 @@ double now_s()
 struct Window {
 	uint64_t lo, hi;
 };
-bool only_window(void *ctx, uint64_t addr, uint64_t len, bool)
+BounceServer::Access only_window(void *ctx, uint64_t addr, uint64_t len, bool)
 {
 	auto *w = static_cast<Window *>(ctx);
-	return addr >= w->lo && addr + len <= w->hi;
+	return addr >= w->lo && addr + len <= w->hi ? BounceServer::Access::allowed
+						    : BounceServer::Access::refused;
 }
 
 } // namespace
@@ -248,7 +249,7 @@ int requested(const Watch &w, const char *file)
 	return n;
 }
 
-bool watch(void *ctx, uint64_t addr, uint64_t len, bool)
+BounceServer::Access watch(void *ctx, uint64_t addr, uint64_t len, bool)
 {
 	auto *w = static_cast<Watch *>(ctx);
 	Seen &seen = w->seen;
@@ -264,7 +265,7 @@ bool watch(void *ctx, uint64_t addr, uint64_t len, bool)
 		uint32_t posted = reinterpret_cast<const BounceHeader *>(file)->doorbell.load();
 		seen.max_posted_before_last = std::max(seen.max_posted_before_last, posted);
 	}
-	return true;
+	return BounceServer::Access::allowed;
 }
 
 } // namespace
