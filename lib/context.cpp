@@ -286,7 +286,7 @@ int query_device_ex(Context &ctx, const struct ibv_query_device_ex_input *input,
 	struct ibv_device_attr_ex full{};
 	full.orig_attr = ctx.device->device_attr();
 	full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
-	full.max_dm_size = 0;
+	full.max_dm_size = ctx.device->profile->max_dm_size();
 	full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
 	full.cq_mod_caps.max_cq_count = 0xffff;
 	full.cq_mod_caps.max_cq_period = 0xfff;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "mr.h"
 #include "cma.h"
+#include "dm.h"
 #include "mr_memory.h"
 #include "segment.h"
 #include "device.h"
@@ -453,6 +454,39 @@ int check_mr_access(uint32_t access, bool odp)
 
 namespace {
 
+/* A registration whose range and access were checked: a key, the range
+ * made reachable (an empty one never is) and published. */
+Result<Mr> publish_mr(Context &ctx, Pd &pd, MrType type, uint64_t start, uint64_t length,
+		      uint64_t iova, uint32_t access)
+{
+	KeyTable &keys = KeyTable::of(*ctx.device);
+	uint32_t index;
+	if (int err = keys.reserve(index))
+		return Err{err};
+	auto *mr = new (std::nothrow) Mr{};
+	if (!mr) {
+		keys.release(index);
+		return Err{ENOMEM};
+	}
+	mr->type = type;
+	mr->pd = &pd;
+	mr->access = access;
+	mr->addr = start;
+	mr->length = length;
+	mr->iova = iova;
+	mr->index = index;
+	mr->keys = &keys;
+	/* Reachable by peers before anyone can learn the key. */
+	mr->path = length ? mr_memory_attach(start, length, access) : MemPath::Cma;
+	pd.uses.get();
+	uint32_t key = keys.publish(index, mr_entry(*mr), uint8_t(keys.variant(index) + 1));
+	mr->ibv.context = ctx.abi();
+	mr->ibv.lkey = key;
+	mr->ibv.rkey = key;
+	mr->ibv.handle = next_handle.fetch_add(1, std::memory_order_relaxed);
+	return mr;
+}
+
 /* What ib_umem_odp_get() checks of an explicit ODP range: a wrap is
  * EOVERFLOW; nothing needs to be mapped. */
 int check_odp_range(uint64_t addr, uint64_t length)
@@ -491,32 +525,28 @@ Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova
 	} else if (int err = check_user_range(start, length)) {
 		return Err{err};
 	}
+	return publish_mr(ctx, pd, MrType::User, start, length, iova, access);
+}
 
-	KeyTable &keys = KeyTable::of(*ctx.device);
-	uint32_t index;
-	if (int err = keys.reserve(index))
+Result<Mr> reg_dm_mr(Context &ctx, Pd &pd, Dm &dm, uint64_t offset, size_t length,
+		     uint32_t access)
+{
+	/* libmlx5's mask, then libibverbs' ZERO_BASED, then uverbs. */
+	constexpr uint32_t allowed = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+				     IBV_ACCESS_ZERO_BASED | IBV_ACCESS_OPTIONAL_RANGE;
+	if ((access & ~allowed) || !(access & IBV_ACCESS_ZERO_BASED))
+		return Err{EINVAL};
+	if (int err = check_mr_access(access, false))
 		return Err{err};
-	auto *mr = new (std::nothrow) Mr{};
-	if (!mr) {
-		keys.release(index);
-		return Err{ENOMEM};
+	if (offset > dm.length || length > dm.length - offset)
+		return Err{EINVAL};
+	Result<Mr> mr = publish_mr(ctx, pd, MrType::Dm, reinterpret_cast<uintptr_t>(dm.mem) + offset,
+				   length, 0, access);
+	if (mr) {
+		mr->dm = &dm;
+		dm.uses.get();
 	}
-	mr->type = MrType::User;
-	mr->pd = &pd;
-	mr->access = access;
-	mr->addr = start;
-	mr->length = length;
-	mr->iova = iova;
-	mr->index = index;
-	mr->keys = &keys;
-	/* Reachable by peers before anyone can learn the key. */
-	mr->path = mr_memory_attach(start, length, access);
-	pd.uses.get();
-	uint32_t key = keys.publish(index, mr_entry(*mr), uint8_t(keys.variant(index) + 1));
-	mr->ibv.context = ctx.abi();
-	mr->ibv.lkey = key;
-	mr->ibv.rkey = key;
-	mr->ibv.handle = next_handle.fetch_add(1, std::memory_order_relaxed);
 	return mr;
 }
 
@@ -576,13 +606,16 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 
 int dereg_mr(Mr &mr)
 {
-	if (mr.type == MrType::User) {
+	if (mr.type != MrType::Null) {
 		mr.keys->unpublish(mr.index);
 		/* No operation holds the key any more: the pages may go private. */
-		mr_memory_detach(mr.addr, mr.length, mr.access, mr.path);
+		if (mr.length)
+			mr_memory_detach(mr.addr, mr.length, mr.access, mr.path);
 		mr.keys->release(mr.index);
 		mr.pd->uses.put();
 	}
+	if (mr.dm)
+		mr.dm->uses.put();
 	delete &mr;
 	return 0;
 }

@@ -272,7 +272,10 @@ private:
 enum class MrType : uint8_t {
 	User, /* ibv_reg_mr and friends */
 	Null, /* ibv_alloc_null_mr */
+	Dm,   /* ibv_reg_dm_mr: zero-based, over a DM (lib/dm.h) */
 };
+
+struct Dm;
 
 struct Mr {
 	struct ibv_mr ibv; /* first: ibv_mr* <-> Mr* */
@@ -290,6 +293,7 @@ struct Mr {
 	KeyTable *keys;
 	/* How peers reach the range (lib/mr_memory.h); undone at dereg. */
 	MemPath path;
+	Dm *dm; /* a DM MR's, which holds a use on it */
 
 	struct ibv_mr *abi() { return &ibv; }
 	static Mr *from(struct ibv_mr *mr) { return reinterpret_cast<Mr *>(mr); }
@@ -340,6 +344,15 @@ Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova
  * MR new keys; a PD or access change keeps them (as mlx5's in-place UMR
  * update does). On failure the MR is left as it was. */
 int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t access);
+
+/* ibv_reg_dm_mr() behind libibverbs (libmlx5's, uverbs' and mlx5_ib's
+ * checks): an access bit other than local write, the remote ones and
+ * ZERO_BASED, or no ZERO_BASED, EINVAL; remote write or atomic without
+ * local write EINVAL; [offset, offset + length) past the DM EINVAL. The MR
+ * is zero-based (iova 0 is the DM's byte `offset`), may be empty, and
+ * holds a use on the DM (ibv_free_dm is EBUSY meanwhile). */
+Result<Mr> reg_dm_mr(Context &ctx, Pd &pd, Dm &dm, uint64_t offset, size_t length,
+		     uint32_t access);
 
 /* Returns once no operation can still use the MR's key. */
 int dereg_mr(Mr &mr);

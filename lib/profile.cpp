@@ -196,6 +196,9 @@ public:
 	 * which (on the firmware of the rdma-core 44 era) give RC and XRC all
 	 * but atomics, UD sends only, UC nothing (mlx5_ib never fills it),
 	 * and implicit ODP. */
+	/* A ConnectX-5's MEMIC, as mlx5_ib reports it. */
+	uint64_t max_dm_size() const override { return 128 * 1024; }
+
 	struct ibv_odp_caps odp_caps(uint32_t &xrc) const override
 	{
 		constexpr uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
@@ -416,6 +419,7 @@ public:
 	struct ibv_device_attr device_attr() const override { return mlx5_.device_attr(); }
 	struct ibv_port_attr port_attr(LinkLayer ll) const override { return mlx5_.port_attr(ll); }
 	struct ibv_odp_caps odp_caps(uint32_t &xrc) const override { return mlx5_.odp_caps(xrc); }
+	uint64_t max_dm_size() const override { return mlx5_.max_dm_size(); }
 
 	/* Whatever the mlx5 profile would refuse is refused; what it would
 	 * grant is granted exactly as asked. */

@@ -74,6 +74,9 @@ public:
 		xrc = 0;
 		return {};
 	}
+	/* Device memory (ibv_alloc_dm, lib/dm.h) the device has; none by
+	 * default. */
+	virtual uint64_t max_dm_size() const { return 0; }
 
 	static const Profile &get(ProfileKind kind);
 };

@@ -15,6 +15,8 @@
  * ibv_advise_mr works on ODP MRs where the device offers ODP (lib/mr.h),
  * else EOPNOTSUPP, as mlx5 without ODP.
  *
+ * Device memory (ibv_alloc_dm, ibv_reg_dm_mr): lib/dm.h.
+ *
  * Not offered: ibv_reg_dmabuf_mr (EOPNOTSUPP: there is no device memory to
  * import from), memory windows: binding one is not implemented, so, like a
  * device without them, the device reports max_mw 0 and no
@@ -25,6 +27,7 @@
 #include "abi_enum.h"
 #include "ops.h"
 
+#include "dm.h"
 #include "fork.h"
 #include "mr.h"
 #include "pd.h"
@@ -57,6 +60,57 @@ struct ibv_td *ctx_alloc_td(struct ibv_context *context, struct ibv_td_init_attr
 	if (!c || !init_attr)
 		return fail_ptr<struct ibv_td>(EINVAL);
 	return guard_ptr([&] { return to_ptr(alloc_td(*c, *init_attr)); });
+}
+
+/* ---- Device memory (lib/dm.h) ---- */
+
+int dm_memcpy_to(struct ibv_dm *dm, uint64_t offset, const void *from, size_t length)
+{
+	return guard_int([&] { return dm_copy_to(*Dm::from(dm), offset, from, length); });
+}
+
+int dm_memcpy_from(void *to, struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+	return guard_int([&] { return dm_copy_from(to, *Dm::from(dm), offset, length); });
+}
+
+struct ibv_dm *ctx_alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_attr *attr)
+{
+	Context *c = to_context(context);
+	if (!c || !attr)
+		return fail_ptr<struct ibv_dm>(EINVAL);
+	return guard_ptr([&]() -> struct ibv_dm * {
+		Result<Dm> dm = alloc_dm(*c, *attr);
+		if (dm) {
+			dm->ibv.memcpy_to_dm = dm_memcpy_to;
+			dm->ibv.memcpy_from_dm = dm_memcpy_from;
+		}
+		return to_ptr(dm);
+	});
+}
+
+int ctx_free_dm(struct ibv_dm *dm)
+{
+	if (!dm || !to_context(dm->context))
+		return EINVAL;
+	return guard_int([&] { return free_dm(*Dm::from(dm)); });
+}
+
+struct ibv_mr *ctx_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset, size_t length,
+			     unsigned int access)
+{
+	Context *c = pd ? to_context(pd->context) : nullptr;
+	if (!c || !dm || dm->context != pd->context)
+		return fail_ptr<struct ibv_mr>(EINVAL);
+	return guard_ptr([&]() -> struct ibv_mr * {
+		Result<Mr> mr = reg_dm_mr(*c, *Pd::from(pd), *Dm::from(dm), offset, length, access);
+		if (!mr)
+			return fail_ptr<struct ibv_mr>(mr.error());
+		mr->ibv.pd = pd;
+		mr->ibv.addr = nullptr; /* zero-based: libibverbs leaves it NULL */
+		mr->ibv.length = length;
+		return mr->abi();
+	});
 }
 
 int ctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
@@ -121,6 +175,9 @@ void install_pd_ops(struct verbs_context &v)
 {
 	v.alloc_null_mr = ctx_alloc_null_mr;
 	v.advise_mr = ctx_advise_mr;
+	v.alloc_dm = ctx_alloc_dm;
+	v.free_dm = ctx_free_dm;
+	v.reg_dm_mr = ctx_reg_dm_mr;
 	v.alloc_td = ctx_alloc_td;
 	v.dealloc_td = ctx_dealloc_td;
 	v.alloc_parent_domain = ctx_alloc_parent_domain;

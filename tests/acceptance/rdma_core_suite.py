@@ -21,13 +21,21 @@ import sys
 import tempfile
 
 CHILD_FLAG = "SHMV_RDMA_CORE_CHILD"
-MIN_PASSED = 105
+MIN_PASSED = 115
 SUITE = "/usr/share/doc/rdma-core/tests"
 
 KNOWN = {
     "tests.test_cq.CQTest.test_resize_cq":
         "a CQ that QPs use cannot grow beyond its ring: ENOMEM (docs/verbs.md, CQs)",
+    "tests.test_device.DMTest.test_multi_process_alloc_dm":
+        "forked children allocate on the parent's context, which is EIO in a child "
+        "(docs/architecture.md, fork() without exec)",
 }
+
+# Not run under ThreadSanitizer: its forked children start a thread (a
+# multiprocessing queue's feeder), which TSan refuses after a multi-threaded
+# fork: the children die and the test waits for them forever.
+NOT_UNDER_TSAN = {"tests.test_device.DMTest.test_multi_process_alloc_dm"}
 
 
 def unpack(dest):
@@ -98,6 +106,12 @@ def child():
                 yield t
 
     everything = list(flatten(unittest.defaultTestLoader.loadTestsFromModule(tests)))
+    left_out = []
+    if "libtsan" in os.environ.get("LD_PRELOAD", ""):
+        left_out = [t for t in everything if t.id() in NOT_UNDER_TSAN]
+        for t in left_out:
+            print(f"not run under ThreadSanitizer: {t.id()}")
+        everything = [t for t in everything if t.id() not in NOT_UNDER_TSAN]
     known = [t for t in everything if t.id() in KNOWN]
     rest = [t for t in everything if t.id() not in KNOWN]
     print(f"{len(everything)} tests, {len(known)} of them known gaps")
@@ -106,9 +120,9 @@ def child():
     result = runner.run(unittest.TestSuite(rest))
     ok = result.wasSuccessful() and result.testsRun == len(rest)
     # A device that stopped offering something makes its tests skip, not
-    # fail: rdma-core 44's suite passes 107 of them here (108 over RoCE:
+    # fail: rdma-core 44's suite passes 119 of them here (120 over RoCE:
     # traffic over every QP type, CQs, MRs, PDs, SRQs, parent domains, ODP,
-    # ...).
+    # device memory, ...).
     passed = result.testsRun - len(result.skipped) - len(result.failures) - len(result.errors)
     if passed < MIN_PASSED:
         print(f"FAIL only {passed} tests passed, fewer than {MIN_PASSED}")
@@ -121,7 +135,7 @@ def child():
         failed = bool(r.failures or r.errors)
         print(f"{'ok  ' if failed else 'FAIL'} known gap {t.id()} still fails: {KNOWN[t.id()]}")
         ok = ok and failed
-    missing = sorted(set(KNOWN) - {t.id() for t in known})
+    missing = sorted(set(KNOWN) - {t.id() for t in known} - {t.id() for t in left_out})
     for name in missing:
         print(f"FAIL known gap {name} is not in the suite any more")
     ok = ok and not missing

@@ -11,6 +11,7 @@
 
 #include <infiniband/verbs.h>
 
+#include "../common/fixtures.h"
 #include "loopback.h"
 
 #include <sys/mman.h>
@@ -77,21 +78,6 @@ struct Mr {
 	Mr(const Mr &) = delete;
 	Mr &operator=(const Mr &) = delete;
 	struct ibv_mr *operator->() const { return mr; }
-};
-
-/* A device and a PD, declared before the MRs of a test so that they are
- * deregistered before it is closed. */
-struct Dev {
-	struct ibv_context *ctx = shmv_test::open_first_device();
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	Dev() { NEED(pd); }
-	~Dev()
-	{
-		ibv_dealloc_pd(pd);
-		ibv_close_device(ctx);
-	}
-	Dev(const Dev &) = delete;
-	Dev &operator=(const Dev &) = delete;
 };
 
 /* One signaled WR of one SGE; the remote part from `raddr`/`rkey`. */
@@ -217,7 +203,7 @@ TEST_CASE("ODP registration: no page needs to be there, implicit ODP, libibverbs
 	  "mlx5_ib's errnos",
 	  "[odp]")
 {
-	Dev dev;
+	shmv_test::DeviceWithPd dev;
 	struct ibv_pd *pd = dev.pd;
 
 	SECTION("over address space with nothing mapped") {
@@ -276,7 +262,7 @@ TEST_CASE("ODP registration: no page needs to be there, implicit ODP, libibverbs
 
 TEST_CASE("ibv_advise_mr: mlx5_ib's checks, and a prefetch faults the pages in", "[odp]")
 {
-	Dev dev;
+	shmv_test::DeviceWithPd dev;
 	struct ibv_pd *pd = dev.pd;
 	std::unique_ptr<struct ibv_pd, int (*)(struct ibv_pd *)> other(ibv_alloc_pd(dev.ctx),
 									&ibv_dealloc_pd);
@@ -480,7 +466,7 @@ TEST_CASE("ODP with a target process: traffic, and a page of the target's MR tha
 
 TEST_CASE("rxe: no ODP (the Debian 12 kernel's rxe has none)", "[.][rxe]")
 {
-	Dev dev;
+	shmv_test::DeviceWithPd dev;
 	struct ibv_pd *pd = dev.pd;
 	CHECK_FALSE(odp_offered(dev.ctx));
 	std::vector<char> heap(page);
