@@ -2,8 +2,9 @@
 /*
  * On-demand paging (lib/mr.h): ODP MRs over memory that comes and goes, in
  * one process (a loopback pair: the target memory is our own) and with a
- * real target process (this binary re-executed with "--target"). A page that
- * is not mapped is an error completion, never a crash, on either side.
+ * real target process (this binary re-executed with "--target"). A page no
+ * access reaches (not mapped, or protected) is an error completion, never a
+ * crash, on either side.
  * Every wait is bounded.
  */
 #define CATCH_CONFIG_RUNNER
@@ -116,10 +117,10 @@ bool odp_offered(struct ibv_context *ctx)
 
 /*
  * Protocol (lines): the target prints "qpn rkey addr" of an ODP MR over four
- * pages whose page 1 no access reaches (PROT_NONE); the test sends "connect <qpn>"; the target
- * posts a receive into page 2 and prints "ready"; then "show <off>" prints
- * "data <16 bytes at off>", "recv" prints "wc <status> <byte_len>" of its
- * receive completion, "ping" prints "pong".
+ * pages whose page 1 no access reaches (PROT_NONE); the test sends
+ * "connect <qpn>"; the target posts a receive into page 2 and prints
+ * "ready"; then "show <off>" prints "data <16 bytes at off>", "recv" prints
+ * "wc <status> <byte_len>" of its receive completion, "ping" prints "pong".
  */
 int target_main()
 {
@@ -186,9 +187,9 @@ int main(int argc, char **argv)
 
 TEST_CASE("ODP: the mlx5 profile reports a ConnectX-5's caps", "[odp]")
 {
-	struct ibv_context *ctx = shmv_test::open_first_device();
+	shmv_test::OpenDevice dev;
 	struct ibv_device_attr_ex attr{};
-	REQUIRE(ibv_query_device_ex(ctx, nullptr, &attr) == 0);
+	REQUIRE(ibv_query_device_ex(dev.ctx, nullptr, &attr) == 0);
 	CHECK(attr.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT));
 	const uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
 			    IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_SRQ_RECV;
@@ -196,7 +197,6 @@ TEST_CASE("ODP: the mlx5 profile reports a ConnectX-5's caps", "[odp]")
 	CHECK(attr.odp_caps.per_transport_caps.uc_odp_caps == 0);
 	CHECK(attr.odp_caps.per_transport_caps.ud_odp_caps == IBV_ODP_SUPPORT_SEND);
 	CHECK(attr.xrc_odp_caps == (rc & ~uint32_t(IBV_ODP_SUPPORT_RECV)));
-	ibv_close_device(ctx);
 }
 
 TEST_CASE("ODP registration: no page needs to be there, implicit ODP, libibverbs' and "
