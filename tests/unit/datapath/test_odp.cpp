@@ -13,6 +13,7 @@
 #include <infiniband/verbs.h>
 
 #include "../common/fixtures.h"
+#include "../common/seccomp.h"
 #include "loopback.h"
 
 #include <sys/mman.h>
@@ -178,10 +179,22 @@ struct TargetProc : shmv_test::TargetPeer {
 
 } // namespace
 
+/* unit-odp [--target | --seccomp] [catch args]: --seccomp blocks
+ * process_vm_readv/writev with a real seccomp filter first (skipped with a
+ * message where filters cannot be installed) and runs the [seccomp] case. */
 int main(int argc, char **argv)
 {
 	if (argc > 1 && std::strcmp(argv[1], "--target") == 0)
 		return target_main();
+	if (argc > 1 && std::strcmp(argv[1], "--seccomp") == 0) {
+		if (int err = shmv_test::block_cma_with_seccomp()) {
+			std::printf("cannot install a seccomp filter here (%s): skipped\n",
+				    std::strerror(err));
+			return 77; /* meson: skipped */
+		}
+		argv[1] = argv[0];
+		return Catch::Session().run(argc - 1, argv + 1);
+	}
 	return Catch::Session().run(argc, argv);
 }
 
@@ -475,4 +488,23 @@ TEST_CASE("rxe: no ODP (the Debian 12 kernel's rxe has none)", "[.][rxe]")
 	CHECK(errno == EOPNOTSUPP);
 	struct ibv_sge s = {uint64_t(uintptr_t(heap.data())), 64, 1};
 	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &s, 1) == EOPNOTSUPP);
+}
+
+TEST_CASE("ODP needs a process to copy within itself through the kernel: with "
+	  "process_vm_readv blocked the device offers none",
+	  "[.][seccomp]")
+{
+	shmv_test::DeviceWithPd dev;
+	CHECK_FALSE(odp_offered(dev.ctx));
+	std::vector<char> heap(page);
+	errno = 0;
+	CHECK_FALSE(ibv_reg_mr(dev.pd, heap.data(), heap.size(), odp_access));
+	CHECK(errno == EOPNOTSUPP);
+	struct ibv_sge s = {uint64_t(uintptr_t(heap.data())), 64, 1};
+	CHECK(ibv_advise_mr(dev.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &s, 1) == EOPNOTSUPP);
+	/* Everything else still works: a plain MR, whose peers use the
+	 * memory file or bounce buffers. */
+	struct ibv_mr *mr = ibv_reg_mr(dev.pd, heap.data(), heap.size(), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr);
+	CHECK(ibv_dereg_mr(mr) == 0);
 }
