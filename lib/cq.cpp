@@ -121,12 +121,8 @@ SlotFor slot_for(uint64_t state, uint64_t index, unsigned capacity_log2)
 	return ahead <= lap_mask / 2 ? SlotFor::Later : SlotFor::Earlier;
 }
 
-using cq_detail::slot_at;
-
-const shm::CqEntry *slot_at(const shm::CqRing &ring, uint32_t capacity, uint64_t index)
-{
-	return slot_at(const_cast<shm::CqRing &>(ring), capacity, index);
-}
+using cq_detail::current_array;
+using cq_detail::RingArray;
 
 /* The entry holds an ibv_wc image (shm_layout.h CqEntry): the same
  * fields at the same places, 8 bytes into the slot. */
@@ -242,9 +238,10 @@ bool claim_abandoned(const shm::CqRing &ring, uint64_t index, uint32_t pid, Clai
 [[gnu::always_inline]] inline bool surely_empty(const Cq &cq)
 {
 	const shm::CqRing &r = *cq.ring;
+	const RingArray a = current_array(r);
 	const uint64_t c = r.cons.load(std::memory_order_relaxed);
-	return slot_at(r, cq.capacity, c)->state.load(std::memory_order_seq_cst) ==
-		       (shm::cq_slot_free | shm::cq_slot_tag(c, log2_of(cq.capacity))) &&
+	return a.at(c)->state.load(std::memory_order_seq_cst) ==
+		       (shm::cq_slot_free | shm::cq_slot_tag(c, a.lg)) &&
 	       !r.overrun.load(std::memory_order_relaxed);
 }
 
@@ -314,15 +311,18 @@ namespace {
  * completions already (ibv_next_poll()), so even its first entry may be
  * held back (held_back()). */
 template <typename Decode>
-int consume(shm::CqRing &ring, uint32_t capacity, int max, const std::atomic<uint64_t> *events_taken,
+int consume(shm::CqRing &ring, int max, const std::atomic<uint64_t> *events_taken,
 	    bool continuing, ClaimWatch &watch, Decode &&decode)
 {
-	const unsigned lg = log2_of(capacity);
+	/* Only the consumer moves the array (resize_cq(), under the same
+	 * lock). */
+	const RingArray a = current_array(ring);
+	const unsigned lg = a.lg;
 	const uint64_t first = ring.cons.load(std::memory_order_relaxed);
 	uint64_t c = first;
 	int n = 0;
 	while (n < max) {
-		shm::CqEntry *e = slot_at(ring, capacity, c);
+		shm::CqEntry *e = a.at(c);
 		const uint64_t tag = shm::cq_slot_tag(c, lg);
 		/* Pairs with the producer's release (or seq_cst) store of
 		 * `ready`; seq_cst as in surely_empty(). */
@@ -359,33 +359,26 @@ const std::atomic<uint64_t> *events_of(const Cq &cq)
 
 /* Completions the ring holds (published or being written, from cons on).
  * Caller holds the CQ lock. */
-uint64_t occupied(const shm::CqRing &ring, uint32_t capacity)
+uint64_t occupied(const shm::CqRing &ring)
 {
-	const unsigned lg = log2_of(capacity);
+	const RingArray a = current_array(ring);
 	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
 	uint64_t i = cons;
-	while (i - cons < capacity &&
-	       slot_for(slot_at(ring, capacity, i)->state.load(std::memory_order_acquire), i, lg) ==
-		       SlotFor::Taken)
+	while (i - cons < a.capacity() &&
+	       slot_for(a.at(i)->state.load(std::memory_order_acquire), i, a.lg) == SlotFor::Taken)
 		i++;
 	return i - cons;
 }
 
 } // namespace
 
-bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out, ClaimWatch &watch)
+bool cq_ring_consume(shm::CqRing &ring, Completion &out, ClaimWatch &watch)
 {
-	return consume(ring, capacity, 1, nullptr, false, watch,
+	return consume(ring, 1, nullptr, false, watch,
 		       [&](const shm::CqEntry &e, int) { read_entry(e, out); }) == 1;
 }
 
 namespace {
-
-/* Takes the oldest published completion; caller holds cq.lock. */
-bool pop_completion(Cq &cq, Completion &out)
-{
-	return cq_ring_consume(*cq.ring, cq.capacity, out, cq.claim_watch);
-}
 
 /* Raises IBV_EVENT_CQ_ERR once for an overflow that any producer (maybe in
  * another process) recorded in the ring. Caller holds cq.lock. */
@@ -446,10 +439,10 @@ void cpu_relax()
 void wait_head_published(const Cq &cq)
 {
 	const shm::CqRing &ring = *cq.ring;
-	const unsigned lg = log2_of(cq.capacity);
+	const RingArray a = current_array(ring);
 	const uint64_t c = ring.cons.load(std::memory_order_acquire);
-	const shm::CqEntry *e = slot_at(ring, cq.capacity, c);
-	const uint64_t tag = shm::cq_slot_tag(c, lg);
+	const shm::CqEntry *e = a.at(c);
+	const uint64_t tag = shm::cq_slot_tag(c, a.lg);
 	const uint64_t deadline = monotonic_ns() + 1000000000ull;
 	ClaimWatch watch; /* this wait's own: the poller may hold the CQ's */
 	for (unsigned round = 0;; round++) {
@@ -486,7 +479,7 @@ bool load_current(Cq &cq, bool continuing)
 	/* What the read_* helpers report: the ibv_wc and the timestamp (the
 	 * other fields of `current` are never anything but zero). */
 	Completion &c = cq.current;
-	if (consume(*cq.ring, cq.capacity, 1, events_of(cq), continuing, cq.claim_watch,
+	if (consume(*cq.ring, 1, events_of(cq), continuing, cq.claim_watch,
 		    [&](const shm::CqEntry &e, int) {
 		    read_wc(e, c.wc);
 		    c.timestamp_ns = e.timestamp_ns;
@@ -794,9 +787,7 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 		return Err{ENOMEM};
 	}
 	cq->ring = seg.at<shm::CqRing>(cq->ring_off);
-	cq->capacity = capacity;
-	cq->ring->magic = shm::cq_magic;
-	cq->ring->capacity = capacity;
+	cq_ring_init(*cq->ring, capacity);
 	cq->ring->limit.store(cqe);
 	cq->ring->timestamps = (attr.wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
 						 IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK))
@@ -838,6 +829,106 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 	return cq;
 }
 
+namespace {
+
+/*
+ * Closes array `a` of the ring for claims (shm_layout.h CqRing, resizing):
+ * every slot free for its index in [cons, cons + capacity) becomes moved;
+ * then waits until every claim that won before is published or its
+ * producer is dead. false: a live producer kept its claim unpublished for
+ * a second (stopped, say, by a debugger); the slots are free again and
+ * nothing changed. Caller holds cq.lock, so cons stands still.
+ */
+bool close_array(Cq &cq, const RingArray &a)
+{
+	shm::CqRing &ring = *cq.ring;
+	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
+	const uint64_t end = cons + a.capacity();
+	for (uint64_t i = cons; i < end; i++) {
+		uint64_t st = shm::cq_slot_free | shm::cq_slot_tag(i, a.lg);
+		/* Fails only for a slot claimed (for i) meanwhile, or
+		 * already taken. */
+		a.at(i)->state.compare_exchange_strong(st, shm::cq_slot_moved,
+						       std::memory_order_acq_rel);
+	}
+	const uint64_t deadline = monotonic_ns() + 1000000000ull;
+	ClaimWatch watch;
+	for (uint64_t i = cons; i < end; i++) {
+		const uint64_t tag = shm::cq_slot_tag(i, a.lg);
+		for (unsigned round = 0;; round++) {
+			const uint64_t st = a.at(i)->state.load(std::memory_order_acquire);
+			if ((st & shm::cq_slot_kind_mask) != shm::cq_slot_claimed ||
+			    (st & shm::cq_slot_tag_mask) != tag ||
+			    claim_abandoned(ring, i, uint32_t(st & shm::cq_slot_pid_mask), watch))
+				break;
+			if (round < 64) {
+				cpu_relax();
+				continue;
+			}
+			if (monotonic_ns() > deadline) {
+				for (uint64_t j = cons; j < end; j++) {
+					uint64_t moved = shm::cq_slot_moved;
+					a.at(j)->state.compare_exchange_strong(
+						moved, shm::cq_slot_free | shm::cq_slot_tag(j, a.lg),
+						std::memory_order_acq_rel);
+				}
+				return false;
+			}
+			struct timespec ts = {0, 20000};
+			nanosleep(&ts, nullptr);
+		}
+	}
+	return true;
+}
+
+/* Moves the ring to a new array of `capacity` slots (a power of two):
+ * closes the current one, copies what it holds from cons on, in order (a
+ * dead producer's claim left out), sets the rest free and names the new
+ * one. ENOMEM without segment space, EAGAIN when the current array could
+ * not be closed. Caller holds cq.lock. */
+int move_ring(Cq &cq, uint32_t capacity)
+{
+	shm::CqRing &ring = *cq.ring;
+	Segment &seg = Segment::of(cq.ctx->device->index);
+	const uint64_t bytes = uint64_t(capacity) * sizeof(shm::CqEntry);
+	const uint64_t off = seg.alloc(bytes);
+	if (!off)
+		return ENOMEM;
+	const RingArray from = current_array(ring);
+	if (!close_array(cq, from)) {
+		seg.free(off, bytes);
+		return EAGAIN;
+	}
+	const unsigned lg = log2_of(capacity);
+	const int64_t delta = int64_t(off) - int64_t(cq.ring_off);
+	const RingArray to = cq_detail::ring_array(ring, shm::cq_array_word(delta, lg));
+	const uint64_t cons = ring.cons.load(std::memory_order_relaxed);
+	uint64_t n = cons;
+	for (uint64_t i = cons; i < cons + from.capacity(); i++) {
+		const shm::CqEntry &e = *from.at(i);
+		if (e.state.load(std::memory_order_acquire) !=
+		    (shm::cq_slot_ready | shm::cq_slot_tag(i, from.lg)))
+			continue; /* moved, or a dead producer's claim */
+		shm::CqEntry &d = *to.at(n);
+		std::memcpy(reinterpret_cast<char *>(&d) + sizeof(d.state),
+			    reinterpret_cast<const char *>(&e) + sizeof(e.state),
+			    sizeof(e) - sizeof(e.state));
+		d.state.store(shm::cq_slot_ready | shm::cq_slot_tag(n, lg), std::memory_order_relaxed);
+		n++;
+	}
+	for (uint64_t i = n; i < cons + capacity; i++)
+		to.at(i)->state.store(shm::cq_slot_free | shm::cq_slot_tag(i, lg),
+				      std::memory_order_relaxed);
+	ring.prod.store(n, std::memory_order_relaxed);
+	/* Producers waiting on the moved slots, and those to come, claim
+	 * from here on. Release: the slots above are set first. */
+	ring.array.store(shm::cq_array_word(delta, lg), std::memory_order_release);
+	cq.arrays.emplace_back(off, bytes);
+	return 0;
+}
+
+} // namespace
+
 int resize_cq(Cq &cq, int cqe)
 {
 	/* libmlx5's own checks, then the kernel's through the profile. */
@@ -855,50 +946,18 @@ int resize_cq(Cq &cq, int cqe)
 	shm::CqRing &ring = *cq.ring;
 	/* The device refuses to shrink below the completions it holds;
 	 * those it holds move to the resized CQ in order. */
-	if (occupied(ring, cq.capacity) > granted)
+	if (occupied(ring) > granted)
 		return EINVAL;
-	if (granted + 1 > cq.capacity) {
-		/* A bigger ring. Producers in other processes reach the ring
-		 * through QPs that use this CQ: move only an unused CQ. */
-		if (cq.uses.busy())
-			return ENOMEM;
-		uint32_t capacity = cq.capacity;
+	/* Within the array only the limit moves; beyond it the slots move
+	 * to a bigger one, while producers in any process go on. */
+	uint32_t capacity = cq_ring_capacity(ring);
+	if (granted + 1 > capacity) {
 		while (capacity < granted + 1)
 			capacity <<= 1;
-		Segment &seg = Segment::of(cq.ctx->device->index);
-		uint64_t bytes = cq_ring_bytes(capacity);
-		uint64_t off = seg.alloc(bytes);
-		if (!off)
-			return ENOMEM;
-		auto *fresh = seg.at<shm::CqRing>(off);
-		fresh->magic = shm::cq_magic;
-		fresh->capacity = capacity;
-		fresh->ignore_overrun.store(ring.ignore_overrun.load());
-		fresh->timestamps = ring.timestamps;
-		fresh->arm.store(ring.arm.load());
-		fresh->fired.store(ring.fired.load());
-		fresh->overrun.store(ring.overrun.load());
-		Completion c;
-		uint64_t n = 0;
-		while (pop_completion(cq, c)) {
-			shm::CqEntry *e = slot_at(*fresh, capacity, n);
-			fill_entry(*e, c);
-			e->state.store(shm::cq_slot_ready | shm::cq_slot_tag(n, log2_of(capacity)));
-			n++;
-		}
-		fresh->prod.store(n);
-		/* get_cq_event() reads the rings of the channel's CQs under
-		 * the channel's lock. */
-		std::unique_lock<std::mutex> channel;
-		if (cq.channel)
-			channel = std::unique_lock(cq.channel->lock);
-		seg.free(cq.ring_off, cq.ring_bytes);
-		cq.ring = fresh;
-		cq.ring_off = off;
-		cq.ring_bytes = bytes;
-		cq.capacity = capacity;
+		if (int err = move_ring(cq, capacity))
+			return err;
 	}
-	cq.ring->limit.store(granted);
+	ring.limit.store(granted);
 	cq.ibv.cq.cqe = static_cast<int>(granted);
 	return 0;
 }
@@ -947,7 +1006,10 @@ int destroy_cq(Cq &cq)
 	pthread_mutex_destroy(&cq.ibv.cq.mutex);
 	/* No QP names the CQ any more, and a QP's destroy waited until no
 	 * remote producer was inside it: the ring can be reused. */
-	Segment::of(cq.ctx->device->index).free(cq.ring_off, cq.ring_bytes);
+	Segment &seg = Segment::of(cq.ctx->device->index);
+	for (const auto &[off, bytes] : cq.arrays)
+		seg.free(off, bytes);
+	seg.free(cq.ring_off, cq.ring_bytes);
 	cq.ctx->huge_chunks.give_back(cq.huge);
 	delete &cq;
 	return 0;
@@ -988,7 +1050,7 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	std::lock_guard guard(cq.lock);
 	if (cq.ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
 		report_overrun(cq);
-	return consume(*cq.ring, cq.capacity, num_entries, events_of(cq), false, cq.claim_watch,
+	return consume(*cq.ring, num_entries, events_of(cq), false, cq.claim_watch,
 		       [&](const shm::CqEntry &e, int i) {
 			       read_wc(e, wc[i]);
 			       if (e.rq_head && cq.rq_heads[0]) /* never set with timestamps */
@@ -1020,8 +1082,9 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 	if (!cq.ring)
 		return 0;
 	shm::CqRing &ring = *cq.ring;
-	const uint32_t cap = cq.capacity;
-	const unsigned lg = log2_of(cap);
+	const RingArray a = current_array(ring);
+	const uint32_t cap = a.capacity();
+	const unsigned lg = a.lg;
 	/* The published prefix [cons, end): slots in it are the consumer's
 	 * (producers only claim free slots), so they can be rewritten in
 	 * place. Completions still being written are left alone. */
@@ -1030,7 +1093,7 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 	uint64_t end = cons;
 	int removed = 0;
 	for (; end - cons < cap; end++) {
-		shm::CqEntry *e = slot_at(ring, cap, end);
+		shm::CqEntry *e = a.at(end);
 		if (e->state.load(std::memory_order_acquire) !=
 		    (shm::cq_slot_ready | shm::cq_slot_tag(end, lg)))
 			break;
@@ -1047,12 +1110,12 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 	 * before them are consumed. */
 	const uint64_t first = end - kept.size();
 	for (size_t i = 0; i < kept.size(); i++)
-		fill_entry(*slot_at(ring, cap, first + i), kept[i]);
+		fill_entry(*a.at(first + i), kept[i]);
 	for (uint64_t i = cons; i < first; i++)
-		slot_at(ring, cap, i)->state.store(shm::cq_slot_free | shm::cq_slot_tag(i + cap, lg),
-						   std::memory_order_release);
+		a.at(i)->state.store(shm::cq_slot_free | shm::cq_slot_tag(i + cap, lg),
+				     std::memory_order_release);
 	for (size_t i = 0; i < kept.size(); i++)
-		slot_at(ring, cap, first + i)->state.store(
+		a.at(first + i)->state.store(
 			shm::cq_slot_ready | shm::cq_slot_tag(first + i, lg), std::memory_order_relaxed);
 	/* Pairs with the producers' acquire load of cons. */
 	ring.cons.store(first, std::memory_order_release);
@@ -1098,17 +1161,31 @@ uint64_t cq_ring_bytes(uint32_t capacity)
 	return shm::cq_slots_offset + uint64_t(capacity) * sizeof(shm::CqEntry);
 }
 
+void cq_ring_init(shm::CqRing &ring, uint32_t capacity)
+{
+	/* The slots read as zero: free for the indices of the first lap. */
+	ring.magic = shm::cq_magic;
+	ring.array.store(shm::cq_array_word(shm::cq_slots_offset, log2_of(capacity)),
+			 std::memory_order_relaxed);
+}
+
+uint32_t cq_ring_capacity(const shm::CqRing &ring)
+{
+	return current_array(ring).capacity();
+}
+
 namespace cq_detail {
 
 /* produce()'s claim beyond the hinted index (shm_layout.h CqRing): from
  * max(prod, cons) on, the first index whose slot is free for it, cons
  * re-read when the ring looks full or the hint is behind it. */
-shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uint64_t cons,
+shm::CqEntry *claim_slow(shm::CqRing &ring, uint64_t word, uint64_t pid, uint64_t cons,
 			 uint64_t &p, uint64_t &tag, bool *overrun_now, uint64_t *cons_seen,
 			 int &err)
 {
-	const unsigned lg = log2_of(capacity);
-	const uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
+	const RingArray a = ring_array(ring, word);
+	const unsigned lg = a.lg;
+	const uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), a.capacity() - 1);
 	for (;;) {
 		if (p < cons || p - cons >= limit) {
 			/* Full by this copy of cons, or the hint is behind it:
@@ -1126,6 +1203,11 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uin
 				p = cons; /* every index below cons was claimed */
 				continue;
 			}
+			/* Full by an array the ring has left since: not full. */
+			if (ring.array.load(std::memory_order_acquire) != word) {
+				err = EAGAIN;
+				return nullptr;
+			}
 			err = ENOSPC;
 			if (ring.ignore_overrun.load(std::memory_order_relaxed))
 				return nullptr;
@@ -1135,13 +1217,17 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uin
 				*overrun_now = first;
 			return nullptr;
 		}
-		shm::CqEntry *e = slot_at(ring, capacity, p);
+		shm::CqEntry *e = a.at(p);
 		tag = shm::cq_slot_tag(p, lg);
 		uint64_t st = shm::cq_slot_free | tag;
 		if (e->state.compare_exchange_strong(st, shm::cq_slot_claimed | tag | pid,
 						     std::memory_order_acquire,
 						     std::memory_order_relaxed))
 			return e;
+		if ((st & shm::cq_slot_kind_mask) == shm::cq_slot_moved) {
+			err = EAGAIN; /* being resized: wait_moved() */
+			return nullptr;
+		}
 		/* Index p is taken (maybe consumed already): the next one. A
 		 * slot still of the lap before p's cannot be, with p - cons
 		 * below the capacity (the consumer frees a slot before cons
@@ -1151,6 +1237,31 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uin
 			return nullptr;
 		}
 		p++;
+	}
+}
+
+bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p)
+{
+	/* The owner holds the slots moved only while it waits for claims
+	 * that won before it and copies what is published: microseconds,
+	 * unless it loses its CPU; then give it ours. */
+	const shm::CqEntry *e = ring_array(ring, word).at(p);
+	uint64_t deadline = 0;
+	for (unsigned round = 0;; round++) {
+		if (ring.array.load(std::memory_order_acquire) != word ||
+		    (e->state.load(std::memory_order_acquire) & shm::cq_slot_kind_mask) !=
+			    shm::cq_slot_moved)
+			return true;
+		if (round < 64) {
+			cpu_relax();
+			continue;
+		}
+		const uint64_t now = monotonic_ns();
+		if (!deadline)
+			deadline = now + 1000000000ull;
+		else if (now > deadline)
+			return false;
+		sched_yield();
 	}
 }
 
@@ -1187,18 +1298,18 @@ void report_overrun_locked(Cq &cq)
 
 } // namespace cq_detail
 
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c,
-		    CqChannel channel, bool *overrun_now, uint64_t *cons_seen)
+int cq_ring_produce(CqTarget &target, const Completion &c, CqChannel channel,
+		    bool *overrun_now, uint64_t *cons_seen)
 {
 	/* A Completion gives no RQ head (CqEntry::rq_head; only the direct
 	 * SEND's PlainCompletion does): where that word is not the time it
 	 * reads 0, whatever timestamp the Completion carries (the injection
 	 * hook stamps every one). */
 	return cq_detail::produce(
-		ring, capacity, counts_as_solicited(c), c.timestamp_ns != 0,
+		target, counts_as_solicited(c), c.timestamp_ns != 0,
 		[&](shm::CqEntry &e) {
 			fill_entry(e, c);
-			if (!ring.timestamps)
+			if (!target.ring->timestamps)
 				e.rq_head = 0;
 		},
 		channel, overrun_now, cons_seen);
@@ -1216,7 +1327,8 @@ int deliver_completion(Cq &cq, const Completion &c)
 		return 0;
 	}
 	bool overrun_now = false;
-	int err = cq_ring_produce(*cq.ring, cq.capacity, c,
+	CqTarget target = own_cq_target(*cq.ring);
+	int err = cq_ring_produce(target, c,
 				  CqChannel::of(cq.channel ? cq.channel->ibv.fd : -1), &overrun_now);
 	if (overrun_now) {
 		std::lock_guard guard(cq.lock);

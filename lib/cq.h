@@ -241,12 +241,13 @@ struct Cq {
 	 * the CQ from there is deferred to end_poll(), deliver_completion(),
 	 * and takes no lock). */
 	PollLock lock;
-	/* Moved by resize_cq() under `lock` and, with a channel, the
-	 * channel's lock, under which ibv_get_cq_event() reads it. */
 	shm::CqRing *ring = nullptr;
 	uint64_t ring_off = 0;         /* in Segment::of(device) */
 	uint64_t ring_bytes = 0;
-	uint32_t capacity = 0;         /* slots, copied from the ring at creation */
+	/* Slot arrays resize_cq() moved the ring to (offset, bytes in the
+	 * segment), the current one last; freed with the CQ, since a
+	 * producer may still load a slot of an old one (under `lock`). */
+	std::vector<std::pair<uint64_t, uint64_t>> arrays;
 	bool overrun_reported = false; /* IBV_EVENT_CQ_ERR was raised (under lock) */
 	ClaimWatch claim_watch;        /* the consumer's, under lock */
 	Completion current{};          /* the entry ibv_cq_ex read_* report */
@@ -332,8 +333,32 @@ int deliver_completion(Cq &cq, const Completion &c);
  * given) without building a Completion; inline in lib/cq_produce.h. */
 
 /*
+ * A producer's hold on a CQ ring: its header, which never moves, and the
+ * slot array it last found named there (CqRing::array) and checked. A
+ * resize names a new array; the producer notices at its next completion
+ * (one compare) and checks the new one against the owner's mapping around
+ * the header, [header - before, header + after), before touching it: a
+ * peer's word never makes us touch memory outside its segment.
+ */
+struct CqTarget {
+	shm::CqRing *ring = nullptr;
+	uint64_t array = 0; /* the word last checked */
+	int64_t before = 0, after = 0;
+	/* The array that word names. */
+	shm::CqEntry *slots = nullptr;
+	unsigned lg = 0;   /* log2 of its capacity */
+	uint64_t mask = 0; /* its capacity - 1 */
+	explicit operator bool() const { return ring != nullptr; }
+};
+/* A ring of this process: any array its owner (we) names is good. */
+inline CqTarget own_cq_target(shm::CqRing &ring)
+{
+	return {&ring, 0, INT64_MAX / 4, INT64_MAX / 4};
+}
+
+/*
  * The producer side for any process: appends to a CQ ring (mapped from the
- * owner's segment, capacity validated by the caller) and, when the ring is
+ * owner's segment, `target` checked by the caller) and, when the ring is
  * armed for this completion, disarms it and writes a token to `channel`'s
  * eventfd (CqChannel::none(): no channel). Returns 0, or ENOSPC when the
  * ring was full (the ring's overrun word is then set; the owner raises
@@ -343,17 +368,20 @@ int deliver_completion(Cq &cq, const Completion &c);
  * as last read; cons is re-read only when that copy says the ring is full,
  * which saves a cache-line transfer per completion to a busy consumer.
  */
-int cq_ring_produce(shm::CqRing &ring, uint32_t capacity, const Completion &c,
-		    CqChannel channel, bool *overrun_now = nullptr,
-		    uint64_t *cons_seen = nullptr);
+int cq_ring_produce(CqTarget &target, const Completion &c, CqChannel channel,
+		    bool *overrun_now = nullptr, uint64_t *cons_seen = nullptr);
 /* The same for a PlainCompletion (the data path's): inline in
  * lib/cq_produce.h. */
 /* The consumer side (the owner, under its CQ lock): takes the oldest
  * published completion; skips slots whose producer died holding them
  * (`watch`: the consumer's, kept from call to call). false when there is
  * none ready. */
-bool cq_ring_consume(shm::CqRing &ring, uint32_t capacity, Completion &out, ClaimWatch &watch);
-/* Slot bytes of a ring holding `capacity` completions. */
+bool cq_ring_consume(shm::CqRing &ring, Completion &out, ClaimWatch &watch);
+/* Bytes of a ring (header and first array) holding `capacity` slots, and
+ * sets up its header: the array right after it, every slot free. */
 uint64_t cq_ring_bytes(uint32_t capacity);
+void cq_ring_init(shm::CqRing &ring, uint32_t capacity);
+/* The number of slots of the ring's current array. */
+uint32_t cq_ring_capacity(const shm::CqRing &ring);
 
 } // namespace shmverbs

@@ -28,19 +28,58 @@ namespace cq_detail {
  * (lib/cq.cpp deliver_completion()). */
 extern thread_local __attribute__((tls_model("initial-exec"))) Cq *polling_batch;
 
-inline shm::CqEntry *slot_at(shm::CqRing &ring, uint32_t capacity, uint64_t index)
+/* A ring's slot array as its header's word names it (no check: the
+ * caller's, CqTarget). */
+struct RingArray {
+	shm::CqEntry *slots;
+	unsigned lg;   /* log2 of the capacity */
+	uint64_t mask; /* the capacity - 1 */
+	uint32_t capacity() const { return uint32_t(mask + 1); }
+	shm::CqEntry *at(uint64_t index) const { return &slots[index & mask]; }
+};
+
+inline RingArray ring_array(const shm::CqRing &ring, uint64_t word)
 {
-	auto *slots = reinterpret_cast<shm::CqEntry *>(reinterpret_cast<char *>(&ring) +
-						       shm::cq_slots_offset);
-	return &slots[index & (capacity - 1)];
+	auto *base = const_cast<char *>(reinterpret_cast<const char *>(&ring));
+	const unsigned lg = shm::cq_array_log2(word);
+	return {reinterpret_cast<shm::CqEntry *>(base + shm::cq_array_delta(word)), lg,
+		(uint64_t(1) << lg) - 1};
+}
+
+/* The array a ring of this process names now. Acquire: pairs with the
+ * resize's release store, after which the new array's slots are set. */
+inline RingArray current_array(const shm::CqRing &ring)
+{
+	return ring_array(ring, ring.array.load(std::memory_order_acquire));
+}
+
+/* Whether `word` names an array the target may use: 64-byte aligned, of
+ * 2 to 2^30 slots, inside the owner's mapping. Taken on when it is. */
+inline bool adopt_array(CqTarget &t, uint64_t word)
+{
+	const int64_t delta = shm::cq_array_delta(word);
+	const unsigned lg = shm::cq_array_log2(word);
+	if (lg < 1 || lg > 30 || (delta & 63) || delta < -t.before || delta > t.after ||
+	    (int64_t(sizeof(shm::CqEntry)) << lg) > t.after - delta)
+		return false;
+	t.array = word;
+	t.slots = ring_array(*t.ring, word).slots;
+	t.lg = lg;
+	t.mask = (uint64_t(1) << lg) - 1;
+	return true;
 }
 
 /* The claim when the hinted index was not free for us, from a fresh look
  * at cons (full: the overrun word, ENOSPC). The claimed entry, its index in
- * `p` and tag in `tag`; nullptr with `err` set when the ring took nothing. */
-shm::CqEntry *claim_slow(shm::CqRing &ring, uint32_t capacity, uint64_t pid, uint64_t cons,
+ * `p` and tag in `tag`; nullptr with `err` set when the ring took nothing:
+ * EAGAIN when the array is being moved (`p`: the slot found moved). */
+shm::CqEntry *claim_slow(shm::CqRing &ring, uint64_t word, uint64_t pid, uint64_t cons,
 			 uint64_t &p, uint64_t &tag, bool *overrun_now, uint64_t *cons_seen,
 			 int &err);
+/* After a claim found slot `p` of the array `word` moved: waits until the
+ * ring names another array or the slot is free again (a resize that gave
+ * up). false: neither within a second (the owner died mid-resize). */
+bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p);
 /* The publication for a ring whose CQ has a channel: the arm looked at
  * before and after the seq_cst store of `ready`, the token written by the
  * producer that disarmed it. */
@@ -81,35 +120,53 @@ inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
  * entry but its state (and the timestamp, unless `stamped`: fill() wrote
  * it, the test hook). `solicited`: the completion counts as solicited. */
 template <typename Fill>
-[[gnu::always_inline]] inline int produce(shm::CqRing &ring, uint32_t capacity, bool solicited,
-					  bool stamped, Fill &&fill, CqChannel channel,
-					  bool *overrun_now, uint64_t *cons_seen)
+[[gnu::always_inline]] inline int produce(CqTarget &t, bool solicited, bool stamped, Fill &&fill,
+					  CqChannel channel, bool *overrun_now,
+					  uint64_t *cons_seen)
 {
+	shm::CqRing &ring = *t.ring;
 	if (overrun_now)
 		*overrun_now = false;
 	if (ring.overrun.load(std::memory_order_acquire)) [[unlikely]]
 		return ENOSPC; /* an overrun CQ is in error for good */
 	const uint64_t pid = own_pid();
-	/* cons only grows, so a copy never overstates the room. Pairs with
-	 * the consumer's release store of cons. */
-	const uint64_t cons = cons_seen ? *cons_seen : ring.cons.load(std::memory_order_acquire);
-	/* Where the last producer claimed (a hint: see shm_layout.h CqRing). */
-	uint64_t p = ring.prod.load(std::memory_order_relaxed);
-	const uint32_t limit = std::min(ring.limit.load(std::memory_order_relaxed), capacity - 1);
-	uint64_t tag = shm::cq_slot_tag(p, unsigned(__builtin_ctz(capacity)));
-	shm::CqEntry *e = slot_at(ring, capacity, p);
-	uint64_t st = shm::cq_slot_free | tag;
-	/* The claim carries our pid: if we die from here on, the consumer
-	 * sees who held the slot. Acquire pairs with the consumer's release
-	 * store that freed it. */
-	if (p < cons || p - cons >= limit ||
-	    !e->state.compare_exchange_strong(st, shm::cq_slot_claimed | tag | pid,
-					      std::memory_order_acquire,
-					      std::memory_order_relaxed)) [[unlikely]] {
+	shm::CqEntry *e;
+	uint64_t p, tag;
+	for (;;) {
+		/* The array, on the line of `limit` and `overrun`. Acquire:
+		 * a moved ring's new slots are set before it is named. */
+		const uint64_t word = ring.array.load(std::memory_order_acquire);
+		if (word != t.array && !adopt_array(t, word)) [[unlikely]]
+			return EFAULT; /* a corrupt peer: the completion is lost */
+		const RingArray a = {t.slots, t.lg, t.mask};
+		/* cons only grows, so a copy never overstates the room. Pairs
+		 * with the consumer's release store of cons. */
+		const uint64_t cons =
+			cons_seen ? *cons_seen : ring.cons.load(std::memory_order_acquire);
+		/* Where the last producer claimed (a hint: see shm_layout.h
+		 * CqRing). */
+		p = ring.prod.load(std::memory_order_relaxed);
+		const uint32_t limit =
+			std::min(ring.limit.load(std::memory_order_relaxed), a.capacity() - 1);
+		tag = shm::cq_slot_tag(p, a.lg);
+		e = a.at(p);
+		uint64_t st = shm::cq_slot_free | tag;
+		/* The claim carries our pid: if we die from here on, the
+		 * consumer sees who held the slot. Acquire pairs with the
+		 * consumer's release store that freed it. */
+		if (p >= cons && p - cons < limit &&
+		    e->state.compare_exchange_strong(st, shm::cq_slot_claimed | tag | pid,
+						     std::memory_order_acquire,
+						     std::memory_order_relaxed)) [[likely]]
+			break;
 		int err = 0;
-		e = claim_slow(ring, capacity, pid, cons, p, tag, overrun_now, cons_seen, err);
-		if (!e)
+		e = claim_slow(ring, word, pid, cons, p, tag, overrun_now, cons_seen, err);
+		if (e)
+			break;
+		if (err != EAGAIN)
 			return err;
+		if (!wait_moved(ring, word, p))
+			return ENOSPC;
 	}
 	/* For the next producer; a plain store, as it is only a hint, not
 	 * moved back when a faster producer moved it further meanwhile. */
@@ -133,12 +190,11 @@ template <typename Fill>
 
 } // namespace cq_detail
 
-[[gnu::always_inline]] inline int cq_ring_produce(shm::CqRing &ring, uint32_t capacity,
-						  const PlainCompletion &c, CqChannel channel,
-						  uint64_t *cons_seen)
+[[gnu::always_inline]] inline int cq_ring_produce(CqTarget &target, const PlainCompletion &c,
+						  CqChannel channel, uint64_t *cons_seen)
 {
 	return cq_detail::produce(
-		ring, capacity, c.solicited || c.status != IBV_WC_SUCCESS, false,
+		target, c.solicited || c.status != IBV_WC_SUCCESS, false,
 		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); }, channel, nullptr,
 		cons_seen);
 }
@@ -152,8 +208,9 @@ inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status st
 	 * compiler stores the constants straight into the entry. */
 	const PlainCompletion c{wr_id, status, opcode, byte_len, 0, qp_num, 0, 0, false, 0, 0};
 	bool overrun_now = false;
+	CqTarget target = own_cq_target(*cq.ring);
 	const int err = cq_detail::produce(
-		*cq.ring, cq.capacity, status != IBV_WC_SUCCESS, false,
+		target, status != IBV_WC_SUCCESS, false,
 		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); },
 		CqChannel::of(cq.channel ? cq.channel->ibv.fd : -1), &overrun_now, nullptr);
 	if (overrun_now) [[unlikely]]

@@ -132,16 +132,17 @@ enum ibv_wc_status local_iovecs(const KeyTable &keys, uint32_t pdn, const struct
 	return IBV_WC_SUCCESS;
 }
 
-/* A CQ ring in a peer's segment, geometry validated. */
-shm::CqRing *peer_cq(const PeerSegment &seg, uint64_t off, uint32_t &capacity)
+/* A CQ ring in a peer's segment, its slot array checked against the
+ * mapping (none: an empty target). */
+CqTarget peer_cq(const PeerSegment &seg, uint64_t off)
 {
 	auto *ring = off ? seg.at<shm::CqRing>(off, shm::cq_slots_offset) : nullptr;
 	if (!ring || ring->magic != shm::cq_magic)
-		return nullptr;
-	capacity = ring->capacity;
-	if (!capacity || (capacity & (capacity - 1)) || !seg.at<char>(off, cq_ring_bytes(capacity)))
-		return nullptr;
-	return ring;
+		return {};
+	CqTarget t{ring, 0, int64_t(off), int64_t(seg.size - off)};
+	if (!cq_detail::adopt_array(t, ring->array.load(std::memory_order_acquire)))
+		return {};
+	return t;
 }
 
 /* A receive queue in a peer's segment, geometry copied and validated
@@ -545,8 +546,10 @@ void QpEngine::check_remote_errors()
 				   0);
 	}
 	if (target_.cq) {
-		const uint64_t p = target_.cq->prod.load(std::memory_order_relaxed);
-		__builtin_prefetch(cq_detail::slot_at(*target_.cq, target_.cq_cap, p), 1);
+		/* The array last checked: one the ring has left costs a
+		 * useless prefetch, nothing more. */
+		const uint64_t p = target_.cq.ring->prod.load(std::memory_order_relaxed);
+		__builtin_prefetch(cq_detail::RingArray{target_.cq.slots, target_.cq.lg, target_.cq.mask}.at(p), 1);
 	}
 }
 
@@ -1232,21 +1235,20 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		return IBV_WC_SUCCESS;
 	};
 	auto produce_recv = [&](const Completion &rc) {
-		uint32_t cap = 0;
-		shm::CqRing *ring = nullptr;
+		CqTarget other;
+		CqTarget *ring = &other;
 		if (rs.cq_seg == &peer && rs.cq_off == t.desc->recv_cq_off) {
 			/* The target QP's own receive CQ: validated once. */
 			if (!target_.cq)
-				target_.cq = peer_cq(peer, rs.cq_off, target_.cq_cap);
-			ring = target_.cq;
-			cap = target_.cq_cap;
+				target_.cq = peer_cq(peer, rs.cq_off);
+			ring = &target_.cq;
 		} else {
-			ring = peer_cq(*rs.cq_seg, rs.cq_off, cap);
+			other = peer_cq(*rs.cq_seg, rs.cq_off);
 		}
-		if (ring) {
-			if (recv_cq_seen_.ring != ring)
-				recv_cq_seen_ = {ring, 0};
-			cq_ring_produce(*ring, cap, rc,
+		if (*ring) {
+			if (recv_cq_seen_.ring != ring->ring)
+				recv_cq_seen_ = {ring->ring, 0};
+			cq_ring_produce(*ring, rc,
 					rs.cq_has_channel ? CqChannel::attached_to(device_, rs.channel_kind,
 										   rs.channel_id)
 							  : CqChannel::none(),
@@ -1862,7 +1864,7 @@ bool QpEngine::send_direct(enum ibv_wr_opcode opcode, unsigned int send_flags, u
 		target_.rq_stride = q.stride;
 		sends_.store(true, std::memory_order_relaxed);
 	}
-	if (!target_.cq && !(target_.cq = peer_cq(peer, t.recv_cq_off, target_.cq_cap)))
+	if (!target_.cq && !(target_.cq = peer_cq(peer, t.recv_cq_off)))
 		return false;
 	shm::RecvQueue &rq = *target_.rq;
 	uint64_t head = rq.head.load(std::memory_order_acquire);
@@ -1908,9 +1910,9 @@ bool QpEngine::send_direct(enum ibv_wr_opcode opcode, unsigned int send_flags, u
 				 0,
 				 0,
 				 head + 1};
-	if (recv_cq_seen_.ring != target_.cq)
-		recv_cq_seen_ = {target_.cq, 0};
-	cq_ring_produce(*target_.cq, target_.cq_cap, rc,
+	if (recv_cq_seen_.ring != target_.cq.ring)
+		recv_cq_seen_ = {target_.cq.ring, 0};
+	cq_ring_produce(target_.cq, rc,
 			t.recv_cq_has_channel
 				? CqChannel::attached_to(device_, broker::ObjectKind::Qp, t.qpn)
 				: CqChannel::none(),

@@ -672,8 +672,7 @@ private:
 		 * change in its life, and this is reset with the target. */
 		shm::RecvQueue *rq = nullptr;
 		uint32_t rq_entries = 0, rq_max_sge = 0, rq_stride = 0;
-		shm::CqRing *cq = nullptr;
-		uint32_t cq_cap = 0;
+		CqTarget cq;
 	} target_;
 	/* Windows onto peers' memory files used last (under sq_lock_), most
 	 * recent first: a window stays valid for its peer's life for every
@@ -746,8 +745,7 @@ private:
 		uint32_t rq_entries = 0, rq_max_sge = 0, rq_stride = 0;
 		const PeerSegment *rq_seg = nullptr; /* where receive buffers' keys are */
 		uint32_t rq_pdn = 0;
-		shm::CqRing *cq = nullptr;
-		uint32_t cq_cap = 0;
+		CqTarget cq;
 		uint64_t cq_cons = 0; /* cq_ring_produce's cons_seen */
 	} ud_target_;
 	/* The GRH built last (a global AH) and what it was built from. */

@@ -29,7 +29,7 @@ namespace shmverbs::dp {
 KeyRef acquire_key(const PeerSegment &seg, uint32_t key);
 
 /* A CQ ring in a peer's segment, geometry validated; nullptr if bad. */
-shm::CqRing *peer_cq(const PeerSegment &seg, uint64_t off, uint32_t &capacity);
+CqTarget peer_cq(const PeerSegment &seg, uint64_t off);
 
 /* A receive queue in a peer's segment, geometry copied and validated. */
 struct PeerRq {

@@ -25,7 +25,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 6;
+constexpr uint32_t shm_version = 7;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -239,6 +239,9 @@ static_assert(offsetof(CqEntry, timestamp_ns) == cq_entry_wc_offset + cq_entry_w
 constexpr uint64_t cq_slot_free = 0;
 constexpr uint64_t cq_slot_claimed = 1ull << 62;
 constexpr uint64_t cq_slot_ready = 1ull << 63;
+/* A slot of an array the owner is moving away from (ibv_resize_cq): no
+ * claim succeeds on it; the producer looks at CqRing::array again. */
+constexpr uint64_t cq_slot_moved = 3ull << 62;
 constexpr uint64_t cq_slot_kind_mask = 3ull << 62;
 constexpr uint64_t cq_slot_tag_mask = ((1ull << 30) - 1) << 32;
 constexpr uint64_t cq_slot_pid_mask = 0xffffffffull;
@@ -258,6 +261,19 @@ static_assert(cq_slot_next_lap(cq_slot_tag(5, 2)) == cq_slot_tag(5 + 4, 2) &&
 	      cq_slot_next_lap(cq_slot_tag(((1ull << 30) - 1) << 3, 3)) == cq_slot_tag(1ull << 33, 3));
 
 constexpr uint32_t cq_magic = 0x51435143; /* "CQCQ" */
+
+/* CqRing::array: where the ring's slots are, as one word that a resize
+ * replaces at once: log2 of their number in the top 8 bits, the signed
+ * byte distance from the ring's header to the first slot in the low 56. */
+constexpr uint64_t cq_array_word(int64_t delta, unsigned capacity_log2)
+{
+	return (uint64_t(capacity_log2) << 56) | (uint64_t(delta) & ((1ull << 56) - 1));
+}
+constexpr int64_t cq_array_delta(uint64_t word) { return int64_t(word << 8) >> 8; }
+constexpr unsigned cq_array_log2(uint64_t word) { return unsigned(word >> 56); }
+static_assert(cq_array_delta(cq_array_word(-4096, 5)) == -4096 &&
+	      cq_array_log2(cq_array_word(-4096, 5)) == 5 &&
+	      cq_array_delta(cq_array_word(256, 31)) == 256);
 
 enum CqArmWord : uint32_t { cq_arm_none = 0, cq_arm_solicited = 1, cq_arm_next = 2 };
 
@@ -282,6 +298,16 @@ enum CqArmWord : uint32_t { cq_arm_none = 0, cq_arm_solicited = 1, cq_arm_next =
  * its pid in the slot, and the consumer skips a slot claimed by a pid that
  * no longer exists; no index word ever waits for a producer. Claiming
  * costs one locked instruction, the slot CAS.
+ * Resizing beyond the array (the owner, under its CQ lock): a new array is
+ * allocated; every slot of the old one that is free for its index in
+ * [cons, cons + capacity) is CASed to `moved` (a producer's claim of it
+ * fails, and it looks at `array` again, waiting while the word is
+ * unchanged); claims that won are waited for (published, or their
+ * producer dead); the published entries are copied into the new array
+ * at the same indices from cons on, in order, the rest of it set free for
+ * its index; prod = cons + copied; then `array` names it (release). An
+ * old array is kept until the CQ is destroyed: a producer may still load
+ * its slots (and fail its claim there).
  * Arming is a word here so that a producer in any process can disarm and
  * fire: it CASes `arm` to none and, if it won, bumps `fired` and then writes
  * one token to the channel's eventfd. The owner's channel code takes one
@@ -301,7 +327,7 @@ enum CqArmWord : uint32_t { cq_arm_none = 0, cq_arm_solicited = 1, cq_arm_next =
  */
 struct CqRing {
 	uint32_t magic;
-	uint32_t capacity; /* slots, a power of two */
+	uint32_t reserved0;
 	std::atomic<uint32_t> limit;  /* cqe: completions held at most */
 	std::atomic<uint32_t> overrun; /* 1 once the CQ overflowed */
 	std::atomic<uint32_t> ignore_overrun;
@@ -312,13 +338,19 @@ struct CqRing {
 	 * the owner before the ring is used. */
 	uint32_t timestamps;
 	uint32_t reserved;
+	/* The slot array (cq_array_word()): right after the header at first
+	 * (cq_slots_offset), elsewhere in the owner's segment once a resize
+	 * outgrew it. The header never moves, so producers that found it
+	 * keep it; they read this word, on the line they read `limit` and
+	 * `overrun` from, at each completion. */
+	std::atomic<uint64_t> array;
 	/* Producers move prod, the consumer cons: one cache line each. The
 	 * consumer never reads prod (it reads the slot at cons); a producer
 	 * that keeps a copy of cons re-reads it only when the copy says the
 	 * ring is full (cq_ring_produce's cons_seen). */
 	alignas(64) std::atomic<uint64_t> prod;
 	alignas(64) std::atomic<uint64_t> cons;
-	/* slots follow at cq_slots_offset */
+	/* the first slot array follows at cq_slots_offset */
 };
 static_assert(sizeof(CqRing) <= 256);
 constexpr uint64_t cq_slots_offset = 256;

@@ -283,7 +283,7 @@ bool takes_messages(uint32_t st)
 		if ((!t.srqn || !t.srq_seg->gone.load(std::memory_order_acquire)) &&
 		    r.magic == shm::rq_magic && r.srqn == t.srqn && r.entries == t.rq_entries &&
 		    r.max_sge == t.rq_max_sge && r.stride == t.rq_stride &&
-		    (!t.cq || t.cq->capacity == t.cq_cap)) {
+		    (!t.cq || t.cq.ring->magic == shm::cq_magic)) {
 			t.recv_checked = true;
 			return true;
 		}
@@ -314,12 +314,10 @@ bool takes_messages(uint32_t st)
 	t.rq_entries = q.entries;
 	t.rq_max_sge = q.max_sge;
 	t.rq_stride = q.stride;
-	uint32_t cap = 0;
-	shm::CqRing *ring = peer_cq(*t.seg, t.cq_off, cap);
-	if (ring != t.cq)
+	CqTarget ring = peer_cq(*t.seg, t.cq_off);
+	if (ring.ring != t.cq.ring)
 		t.cq_cons = 0;
 	t.cq = ring;
-	t.cq_cap = cap;
 	t.recv_ok = true;
 	t.recv_checked = true;
 	return true;
@@ -454,7 +452,7 @@ bool takes_messages(uint32_t st)
 [[gnu::always_inline]] inline void QpEngine::produce_recv(UdTarget &t, const PlainCompletion &rc)
 {
 	if (t.cq)
-		cq_ring_produce(*t.cq, t.cq_cap, rc,
+		cq_ring_produce(t.cq, rc,
 				t.desc->recv_cq_has_channel
 					? CqChannel::attached_to(t.device, broker::ObjectKind::Qp, t.qpn)
 					: CqChannel::none(),
@@ -705,7 +703,7 @@ bool takes_messages(uint32_t st)
 		member.rq_entries = q.entries;
 		member.rq_max_sge = q.max_sge;
 		member.rq_stride = q.stride;
-		member.cq = peer_cq(*obj.seg, desc->recv_cq_off, member.cq_cap);
+		member.cq = peer_cq(*obj.seg, desc->recv_cq_off);
 		ud_deliver(member, m, false);
 	}
 	return Outcome::Done;

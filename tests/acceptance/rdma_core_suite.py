@@ -21,12 +21,10 @@ import sys
 import tempfile
 
 CHILD_FLAG = "SHMV_RDMA_CORE_CHILD"
-MIN_PASSED = 115
+MIN_PASSED = 116
 SUITE = "/usr/share/doc/rdma-core/tests"
 
 KNOWN = {
-    "tests.test_cq.CQTest.test_resize_cq":
-        "a CQ that QPs use cannot grow beyond its ring: ENOMEM (docs/verbs.md, CQs)",
     "tests.test_device.DMTest.test_multi_process_alloc_dm":
         "forked children allocate on the parent's context, which is EIO in a child "
         "(docs/architecture.md, fork() without exec)",

@@ -177,6 +177,49 @@ bool mapped_from(pid_t pid, uintptr_t addr, const char *name)
 }
 
 /*
+ * "stream <count>": receives `count` SENDs of 8 bytes, each carrying its
+ * sequence number, keeping 32 receives posted, and grows its CQ beyond the
+ * CQ's ring 7 times on the way (each a move of the slots while the sender
+ * completes into them); prints "streamed <received> <in order> <cqe>".
+ */
+int stream_target(Node &n, unsigned count)
+{
+	constexpr unsigned slots = 32, slot_bytes = 64;
+	uint64_t posted = 0, received = 0;
+	bool in_order = true;
+	int resize_errors = 0;
+	auto post = [&] {
+		for (; posted - received < slots; posted++)
+			NEED(n.post_recv(posted, uint32_t(posted % slots * slot_bytes), slot_bytes) ==
+			     0);
+	};
+	post();
+	std::printf("streaming\n");
+	const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+	unsigned resizes = 0;
+	while (received < count && std::chrono::steady_clock::now() < deadline) {
+		if (resizes < 7 && received >= count / 8 * (resizes + 1)) {
+			resize_errors += ibv_resize_cq(n.cq, n.cq->cqe * 2 + 1) != 0;
+			resizes++;
+		}
+		struct ibv_wc wc[8];
+		const int got = ibv_poll_cq(n.cq, 8, wc);
+		NEED(got >= 0);
+		for (int i = 0; i < got; i++) {
+			uint64_t seq;
+			std::memcpy(&seq, n.buf.data() + wc[i].wr_id % slots * slot_bytes, 8);
+			in_order &= wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == received &&
+				    seq == received;
+			received++;
+		}
+		post();
+	}
+	std::printf("streamed %llu %d %d %d\n", (unsigned long long)received, int(in_order),
+		    resize_errors, n.cq->cqe);
+	return 0;
+}
+
+/*
  * Protocol (lines): target prints "qpn rkey addr"; the test sends
  * "connect <qpn> <post_recvs>"; target prints "ready" and then blocks in
  * read(); the test sends "check"; target polls its CQ and prints its
@@ -207,6 +250,8 @@ int target_main(BufKind kind)
 	/* Passive: blocked in read() while the initiator works. */
 	if (!read_line(stdin, line))
 		return 0;
+	if (unsigned count = 0; std::sscanf(line.c_str(), "stream %u", &count) == 1)
+		return stream_target(n, count);
 	if (line == "post\n") {
 		/* A late receive (the initiator waits in RNR meanwhile). */
 		if (n.post_recv(200, 3072, 512))
@@ -565,6 +610,46 @@ TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted, then succeeds",
 	CHECK(wc.status == IBV_WC_SUCCESS);
 	t.send("check");
 	CHECK(t.line() == "wc 0 4 0 200\n");
+}
+
+TEST_CASE("a CQ grows beyond its ring while a peer process streams SENDs into it",
+	  "[datapath][process][resize]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn, 7) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 0");
+	REQUIRE(t.line() == "ready\n");
+	constexpr uint64_t count = 20000, window = 32;
+	t.send("stream " + std::to_string(count));
+	REQUIRE(t.line() == "streaming\n");
+	uint64_t sent = 0, done = 0;
+	bool ok = true;
+	const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+	while (done < count && ok && std::chrono::steady_clock::now() < deadline) {
+		while (sent < count && sent - done < window) {
+			/* Its own 64 bytes until it completes (a WR held for RNR
+			 * reads them later). */
+			std::memcpy(n.buf.data() + sent % window * 64, &sent, 8);
+			if (post(n, IBV_WR_SEND, uint32_t(sent % window * 64), 8, 0, 0, sent) != 0) {
+				ok = false;
+				break;
+			}
+			sent++;
+		}
+		struct ibv_wc wc[8];
+		const int got = ibv_poll_cq(n.cq, 8, wc);
+		ok &= got >= 0;
+		for (int i = 0; i < got; i++) {
+			ok &= wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == done;
+			done++;
+		}
+	}
+	CHECK(ok);
+	CHECK(done == count);
+	/* received, in order, resize errors, the CQ's final size (64 doubled
+	 * 7 times, +1 each time, as libmlx5 rounds). */
+	CHECK(t.line() == "streamed 20000 1 0 16383\n");
 }
 
 TEST_CASE("completion channel: a SEND wakes a peer sleeping in poll() on its channel",

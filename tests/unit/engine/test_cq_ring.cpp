@@ -44,8 +44,7 @@ struct RingMem {
 		size_t bytes = shm::cq_slots_offset + sizeof(shm::CqEntry) * cap;
 		mem.reset(new (std::align_val_t(64)) char[bytes]());
 		ring = new (mem.get()) shm::CqRing();
-		ring->magic = shm::cq_magic;
-		ring->capacity = cap;
+		cq_ring_init(*ring, cap);
 		ring->limit.store(cap - 1);
 	}
 	shm::CqEntry &slot(uint64_t i)
@@ -57,7 +56,8 @@ struct RingMem {
 	{
 		Completion c{};
 		c.wc.wr_id = wr_id;
-		return cq_ring_produce(*ring, capacity, c, CqChannel::none());
+		CqTarget t = target();
+		return cq_ring_produce(t, c, CqChannel::none());
 	}
 	/* What a producer leaves when it dies right after its claim (and,
 	 * with move_prod false, before it noted it in prod). */
@@ -68,7 +68,13 @@ struct RingMem {
 		if (move_prod)
 			ring->prod.store(p + 1);
 	}
-	bool consume(Completion &c) { return cq_ring_consume(*ring, capacity, c, watch); }
+	/* A producer's view of the ring, as of a peer whose mapping is the
+	 * ring's memory. */
+	CqTarget target() const
+	{
+		return {ring, 0, 0, int64_t(shm::cq_slots_offset + sizeof(shm::CqEntry) * capacity)};
+	}
+	bool consume(Completion &c) { return cq_ring_consume(*ring, c, watch); }
 	/* consume(), polling for up to a second (a dead producer's claim is
 	 * skipped once it has been seen for a while: lib/cq.cpp). */
 	bool consume_within(Completion &c)
@@ -287,7 +293,8 @@ TEST_CASE("CQ ring: concurrent producers over many laps: every completion once, 
 					std::this_thread::yield();
 				Completion c{};
 				c.wc.wr_id = (uint64_t(t) << 32) | i;
-				if (cq_ring_produce(*r.ring, r.capacity, c, CqChannel::none()) != 0) {
+				CqTarget target = r.target();
+				if (cq_ring_produce(target, c, CqChannel::none()) != 0) {
 					refused++;
 					stop = true;
 				}
@@ -336,7 +343,6 @@ TEST_CASE("CQ ring: an event waits for a slot claimed before the completion that
 	RingMem r(8);
 	Cq cq{};
 	cq.ring = r.ring;
-	cq.capacity = r.capacity;
 	CompChannel ch{};
 	ch.ibv.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
 	REQUIRE(ch.ibv.fd >= 0);
@@ -355,7 +361,8 @@ TEST_CASE("CQ ring: an event waits for a slot claimed before the completion that
 		r.claim_as(uint32_t(getpid()));
 		Completion c{};
 		c.wc.wr_id = 2;
-		REQUIRE(cq_ring_produce(*r.ring, r.capacity, c, CqChannel::of(ch.ibv.fd)) == 0);
+		CqTarget target = r.target();
+		REQUIRE(cq_ring_produce(target, c, CqChannel::of(ch.ibv.fd)) == 0);
 		auto waiter = get_event();
 		CHECK(waiter.wait_for(100ms) == std::future_status::timeout);
 		r.slot(0).wr_id = 1;
@@ -371,7 +378,8 @@ TEST_CASE("CQ ring: an event waits for a slot claimed before the completion that
 		r.claim_as(dead_pid());
 		Completion c{};
 		c.wc.wr_id = 2;
-		REQUIRE(cq_ring_produce(*r.ring, r.capacity, c, CqChannel::of(ch.ibv.fd)) == 0);
+		CqTarget target = r.target();
+		REQUIRE(cq_ring_produce(target, c, CqChannel::of(ch.ibv.fd)) == 0);
 		/* Well before the wait's bound of a second. */
 		auto waiter = get_event();
 		REQUIRE(waiter.wait_for(500ms) == std::future_status::ready);

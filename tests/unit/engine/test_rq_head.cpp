@@ -45,7 +45,8 @@ void recv_completion(Cq &cq, uint32_t qpn, uint64_t rq_head, uint64_t wr_id = 0)
 {
 	PlainCompletion c{wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, 8, 0, qpn, 0, 0, false};
 	c.rq_head = rq_head;
-	REQUIRE(cq_ring_produce(*cq.ring, cq.capacity, c, CqChannel::none(), nullptr) == 0);
+	CqTarget target = own_cq_target(*cq.ring);
+	REQUIRE(cq_ring_produce(target, c, CqChannel::none(), nullptr) == 0);
 }
 
 std::vector<uint64_t> poll_all(Cq &cq)
