@@ -226,6 +226,7 @@ const KeyRef &HeldKey::take(const PeerSegment &peer, uint32_t k)
 	length = e.length;
 	access = e.access;
 	pdn = e.pdn;
+	bound_qpn = e.bound_qpn;
 	null_mr = e.kind == KeyKind::NullMr;
 	if (null_mr)
 		return ref;
@@ -308,6 +309,7 @@ bool opcode_allowed(enum ibv_qp_type type, int op)
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 	case IBV_WR_SEND_WITH_INV:
 	case IBV_WR_LOCAL_INV:
+	case IBV_WR_BIND_MW:
 		return type != IBV_QPT_UD;
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -645,6 +647,17 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 	}
 	if (type_ == IBV_QPT_XRC_SEND)
 		w.xrc_srqn = wr->qp_type.xrc.remote_srqn;
+	if (wr->opcode == IBV_WR_BIND_MW) {
+		const struct ibv_mw_bind_info &b = wr->bind_mw.bind_info;
+		struct ibv_context *ctx = qp_.ctx->abi();
+		if (!wr->bind_mw.mw || wr->bind_mw.mw->context != ctx || (b.mr && b.mr->context != ctx))
+			return EINVAL;
+		/* libmlx5: a KLM covers 2 GiB at most. */
+		if (b.length > (1ull << 31))
+			return EOPNOTSUPP;
+		w.bind = {Mw::from(wr->bind_mw.mw), b.mr ? Mr::from(b.mr) : nullptr, b.addr,
+			  b.length, b.mw_access_flags, wr->bind_mw.rkey};
+	}
 	return 0;
 }
 
@@ -824,7 +837,8 @@ const KeyRef *LocalKeyCache::get_slow(const KeyTable &keys, uint32_t lkey)
 			victim = &e;
 	}
 	KeyRef ref = keys.acquire(lkey);
-	if (!ref)
+	/* A window's key is an rkey only. */
+	if (!ref || ref->kind == KeyKind::Mw)
 		return nullptr;
 	if (!victim) {
 		extra_.push_back(std::move(ref));
@@ -895,6 +909,19 @@ void QpEngine::hold_target(shm::QpDesc &t)
 	t.inflight.fetch_add(1, std::memory_order_seq_cst);
 	held_.inflight = &t;
 	held_.inflight_qpn = t.qpn;
+}
+
+void QpEngine::drop_all_holds()
+{
+	release_holds();
+	local_refs_.clear();
+}
+
+void QpEngine::invalidate_window(const PeerSegment &peer, const shm::QpDesc &t, uint32_t rkey)
+{
+	KeyRef ref = acquire_key(peer, rkey);
+	if (ref && ref->kind == KeyKind::Mw && ref->bound_qpn == t.qpn && ref->pdn == t.pdn)
+		ref.withdraw(rkey);
 }
 
 void QpEngine::release_holds()
@@ -1075,13 +1102,25 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		return Outcome::Fatal;
 	};
 
-	/* LOCAL_INV applies to bound memory windows and fast-registration MRs
-	 * only; this device offers neither (max_mw 0, ibv_alloc_mw EOPNOTSUPP); an MR of
-	 * ibv_reg_mr() is not invalidatable: a local operation error, as rxe
-	 * reports it (docs/verbs.md). BIND_MW through ibv_post_send lands
-	 * here too. */
-	if (wr.opcode == IBV_WR_LOCAL_INV || wr.opcode == IBV_WR_BIND_MW)
-		return fail(IBV_WC_LOC_QP_OP_ERR);
+	/* Memory windows (lib/mw.h): local operations on our key table,
+	 * which wait for the holders of the key; this queue lets go of its
+	 * own holds first. LOCAL_INV applies to bound type 2 windows only (an
+	 * MR of ibv_reg_mr() is not invalidatable: a local operation error,
+	 * as rxe reports it, docs/verbs.md). */
+	if (wr.opcode == IBV_WR_LOCAL_INV || wr.opcode == IBV_WR_BIND_MW) {
+		drop_all_holds();
+		wc.byte_len = 0;
+		const std::optional<enum ibv_wc_status> s =
+			wr.opcode == IBV_WR_BIND_MW
+				? bind_mw(wr.bind, pdn_, qpn_)
+				: local_invalidate(*qp_.ctx->device, wr.imm_data, pdn_);
+		if (!s) { /* not now: at the head of the queue, as for RNR */
+			wr.not_before = Clock::now() + std::chrono::microseconds(20);
+			return Outcome::Wait;
+		}
+		wc.status = *s;
+		return wc.status == IBV_WC_SUCCESS ? Outcome::Done : Outcome::Fatal;
+	}
 
 	/* The local side first: gather (or scatter, for READ/atomics). The
 	 * vectors are the engine's (sq_lock_ held, execute never nests), kept
@@ -1349,8 +1388,9 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 			rc.wc.wc_flags = IBV_WC_WITH_IMM;
 		} else if (wr.opcode == IBV_WR_SEND_WITH_INV) {
 			/* invalidated_rkey shares imm_data's place (host
-			 * order). The named key is reported, not revoked: no
-			 * key of this device is invalidatable (LOCAL_INV). */
+			 * order). A bound type 2 window of the responder QP
+			 * is invalidated below; any other key is reported,
+			 * not revoked (docs/verbs.md). */
 			rc.wc.imm_data = wr.imm_data;
 			rc.wc.wc_flags = IBV_WC_WITH_INV;
 		}
@@ -1411,6 +1451,8 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 				pos += n;
 			}
 		}
+		if (wr.opcode == IBV_WR_SEND_WITH_INV && rc.wc.status == IBV_WC_SUCCESS)
+			invalidate_window(peer, *t.desc, wr.imm_data);
 		produce_recv(rc);
 		if (rc.wc.status != IBV_WC_SUCCESS) {
 			responder_error(shm::remote_error_fatal);
@@ -1456,7 +1498,8 @@ const KeyRef *QpEngine::hold_rkey(const PeerSegment &peer, const shm::QpDesc &t,
 	 * published: the owner's dereg_mr withdraws it, then waits for us. */
 	const HeldKey &h = held_.rkey;
 	const KeyRef &ref = held_.rkey.get(peer, rkey);
-	if (ref && !h.null_mr && h.pdn == pdn && h.permits(addr, len, access))
+	if (ref && !h.null_mr && h.pdn == pdn && (!h.bound_qpn || h.bound_qpn == t.qpn) &&
+	    h.permits(addr, len, access))
 		return &ref;
 	return nullptr;
 }
@@ -1651,6 +1694,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	 * direct), then direct_local()'s of the local piece. */
 	if (!(t->access_flags.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_WRITE) ||
 	    !held.ref.names(rkey) || held.pdn != t->pdn ||
+	    (held.bound_qpn && held.bound_qpn != t->qpn) ||
 	    !held.permits(remote, s.length, IBV_ACCESS_REMOTE_WRITE))
 		return false;
 	const void *from;

@@ -27,6 +27,7 @@
 #include "copy.h"
 #include "cq.h"
 #include "locks.h"
+#include "mw.h"
 #include "qp.h"
 #include "remote_memory.h"
 #include "segment.h"
@@ -219,6 +220,9 @@ struct HeldKey {
 	 * is held: what the checks of each use read, in the holder's line. */
 	uint64_t iova = 0, length = 0;
 	uint32_t access = 0, pdn = 0;
+	/* A type 2 window's QP (KeyEntry::bound_qpn): requests to any other
+	 * responder QP may not use the key. */
+	uint32_t bound_qpn = 0;
 	bool null_mr = false;
 	/* Where the memory is reached directly, when it is (ours, or a
 	 * Shared MR through `window`, which keeps that mapped): the local
@@ -290,6 +294,7 @@ struct SendWr {
 	uint32_t remote_qkey = 0;
 	uint32_t xrc_srqn = 0;
 	struct ibv_ah_attr ah_attr{}; /* UD: the AH's address, copied at post */
+	MwBind bind; /* BIND_MW, set by every maker of one */
 	/* Retry state of the WR at the head of the queue. */
 	int rnr_left = -1;  /* -1: not started */
 	std::chrono::steady_clock::time_point not_before{};
@@ -606,6 +611,11 @@ private:
 	void hold_target(shm::QpDesc &t);
 	/* Lets go of held_ (sq_lock_ held). */
 	void release_holds();
+	/* Every key and target this queue holds let go: before it binds or
+	 * invalidates a window, which waits for the key's holders. */
+	void drop_all_holds();
+	/* SEND_WITH_INV at the responder QP `t` of `peer`. */
+	void invalidate_window(const PeerSegment &peer, const shm::QpDesc &t, uint32_t rkey);
 	/* The end of a post (sq_lock_ held): held_ stays for the next post
 	 * while its target is ready and its key published, else goes. True
 	 * when the caller must list the engine with progress_hold() once

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include "mr.h"
+#include "mw.h"
 #include "cma.h"
 #include "dm.h"
 #include "mr_memory.h"
@@ -199,6 +200,7 @@ KeyTable &KeyTable::of(const Device &dev)
 		struct ibv_device_attr attr = dev.device_attr();
 		table = new KeyTable(static_cast<uint32_t>(attr.max_mr), index_space_max,
 				     int(dev.index));
+		table->set_max_mw(uint32_t(attr.max_mw));
 	}
 	if (dev.index < fast_tables)
 		fast_table[dev.index].store(table, std::memory_order_release);
@@ -237,10 +239,10 @@ KeySlot &KeyTable::slot_alloc(uint32_t index)
 	return slots[index & (chunk_size - 1)];
 }
 
-int KeyTable::reserve(uint32_t &index)
+int KeyTable::reserve(uint32_t &index, bool window)
 {
 	std::lock_guard guard(lock_);
-	if (mr_count_ >= max_mr_)
+	if (window ? mw_count_ >= max_mw_ : mr_count_ >= max_mr_)
 		return ENOMEM;
 	if (recycled_.size() > reuse_delay || next_fresh_ >= index_space_) {
 		if (recycled_.empty())
@@ -251,8 +253,14 @@ int KeyTable::reserve(uint32_t &index)
 		index = next_fresh_++;
 		slot_alloc(index);
 	}
-	mr_count_++;
+	(window ? mw_count_ : mr_count_)++;
 	return 0;
+}
+
+void KeyTable::set_max_mw(uint32_t max_mw)
+{
+	std::lock_guard guard(lock_);
+	max_mw_ = max_mw;
 }
 
 uint32_t KeyTable::publish(uint32_t index, const KeyEntry &entry, uint8_t variant)
@@ -342,10 +350,19 @@ void KeyTable::unpublish(uint32_t index)
 	}
 }
 
-void KeyTable::release(uint32_t index)
+bool KeyTable::try_unpublish(uint32_t index)
+{
+	KeySlot &s = *slot(index);
+	const uint32_t key_was = s.key.load(std::memory_order_relaxed);
+	s.key.store(0, std::memory_order_seq_cst); /* as unpublish() */
+	return s.readers.load(std::memory_order_seq_cst) == 0 &&
+	       !live_remote_holders(s, key_was) && s.anonymous.load(std::memory_order_seq_cst) == 0;
+}
+
+void KeyTable::release(uint32_t index, bool window)
 {
 	std::lock_guard guard(lock_);
-	mr_count_--;
+	(window ? mw_count_ : mr_count_)--;
 	recycled_.push_back(index);
 }
 
@@ -354,6 +371,12 @@ uint8_t KeyTable::variant(uint32_t index) const
 	std::lock_guard guard(lock_);
 	const KeySlot *s = slot(index);
 	return s ? s->variant : 0;
+}
+
+uint32_t KeyTable::live_key(uint32_t index) const
+{
+	const KeySlot *s = slot(index);
+	return s ? s->key.load(std::memory_order_acquire) : 0;
 }
 
 KeyRef KeyTable::acquire(uint32_t key) const
@@ -576,6 +599,8 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 		pd->uses.get();
 
 	KeyTable &keys = *mr.keys;
+	/* A window names the MR's range, path and PD as they were. */
+	unbind_windows_of(mr);
 	keys.unpublish(mr.index);
 	uint8_t variant = keys.variant(mr.index);
 	const uint64_t old_addr = mr.addr, old_length = mr.length;
@@ -607,6 +632,7 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 int dereg_mr(Mr &mr)
 {
 	if (mr.type != MrType::Null) {
+		unbind_windows_of(mr);
 		mr.keys->unpublish(mr.index);
 		/* No operation holds the key any more: the pages may go private. */
 		if (mr.length)

@@ -49,6 +49,7 @@ enum class KeyKind : uint8_t {
 	Unused,
 	Mr,     /* a registered region */
 	NullMr, /* ibv_alloc_null_mr(): local writes are discarded, nothing is read */
+	Mw,     /* a bound memory window (lib/mw.h): remote access only */
 };
 
 constexpr uint32_t key_index(uint32_t key) { return key >> 8; }
@@ -71,6 +72,9 @@ struct KeyEntry {
 	uint32_t pdn;        /* protection domain proper (never a parent domain) */
 	uint32_t parent_key; /* MW: the key of the MR it is bound to, else 0 */
 	int32_t owner_pid;   /* process whose address space addr refers to */
+	/* A type 2 MW: the QP it was bound on, the only one whose requests
+	 * may use the key (mlx5's qpn_mkey); else 0. */
+	uint32_t bound_qpn;
 	uint64_t iova;       /* first address of the range, in the key's address space */
 	uint64_t length;
 	uint64_t addr;       /* owner's virtual address of iova */
@@ -183,6 +187,13 @@ public:
 		return slot_ && slot_->key.load(std::memory_order_relaxed) == key;
 	}
 	const KeySlot *slot() const { return slot_; }
+	/* Withdraws the held slot's key if it is still `key`: a memory
+	 * window's remote invalidation (SEND_WITH_INV). Its owner drains the
+	 * holds before it reuses the slot (lib/mw.h). */
+	bool withdraw(uint32_t key)
+	{
+		return slot_->key.compare_exchange_strong(key, 0, std::memory_order_seq_cst);
+	}
 
 	/* The count a hold is in: the owner's readers, a holder entry
 	 * (0..key_holder_entries-1) or the anonymous count. */
@@ -219,10 +230,10 @@ public:
 	/* The table of an emulated device; created on first use, never freed. */
 	static KeyTable &of(const Device &dev);
 
-	/* Takes a free slot for an MR: 0 and its index, or ENOMEM when the
-	 * device limit or the index space is exhausted. (The device offers no
-	 * memory windows.) */
-	int reserve(uint32_t &index);
+	/* Takes a free slot for an MR (or a memory window: `window`): 0 and
+	 * its index, or ENOMEM when the device limit (max_mr, max_mw) or the
+	 * index space is exhausted. */
+	int reserve(uint32_t &index, bool window = false);
 	/* Publishes an entry in a reserved, unpublished slot under the key
 	 * make_key(index, variant) and returns that key. */
 	uint32_t publish(uint32_t index, const KeyEntry &entry, uint8_t variant);
@@ -230,12 +241,20 @@ public:
 	 * except holds of processes that died holding it (released here) and,
 	 * after 2 s, unattributed remote holds (logged). */
 	void unpublish(uint32_t index);
+	/* The same without waiting, for a send queue (lib/mw.h), which must
+	 * not wait for holders under its lock: withdraws the key; true once
+	 * no hold of it remains (dead processes' are released). */
+	bool try_unpublish(uint32_t index);
 	/* Gives an unpublished slot back. Indices are reused only after a
 	 * delay, and with another variant, so stale keys keep failing. */
-	void release(uint32_t index);
+	void release(uint32_t index, bool window = false);
+	/* The window limit (the profile's max_mw; 0 until set). */
+	void set_max_mw(uint32_t max_mw);
 
 	/* The variant of the key last published in a slot. */
 	uint8_t variant(uint32_t index) const;
+	/* The slot's live key, 0 when none is published. */
+	uint32_t live_key(uint32_t index) const;
 	/* The entry of a live key, or an empty KeyRef. Lock-free. */
 	KeyRef acquire(uint32_t key) const;
 
@@ -264,6 +283,7 @@ private:
 	uint32_t next_fresh_ = first_index;
 	std::deque<uint32_t> recycled_;
 	uint32_t mr_count_ = 0;
+	uint32_t max_mw_ = 0, mw_count_ = 0; /* under lock_ */
 	uint32_t null_key_ = 0;
 };
 

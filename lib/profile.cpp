@@ -34,7 +34,8 @@ void clear_recv(struct ibv_qp_cap &c)
 }
 
 /* Device capability flags every profile claims: only what the emulation does
- * implement (no memory windows type 2, no UD IP checksum; ODP: odp_caps()). */
+ * implement (no UD IP checksum; memory windows: the mlx5 profile's own;
+ * ODP: odp_caps()). */
 constexpr unsigned common_cap_flags =
 	IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR | IBV_DEVICE_CHANGE_PHY_PORT |
 	IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
@@ -86,10 +87,10 @@ public:
 		a.max_res_rd_atom = 1 << 22;
 		a.max_qp_init_rd_atom = 16;
 		a.atomic_cap = IBV_ATOMIC_HCA;
-		/* A ConnectX-5 has 2^24 windows, but binding one is not
-		 * implemented here: a device that cannot bind has none to offer
-		 * (and no IBV_DEVICE_MEM_WINDOW* flag), docs/verbs.md. */
-		a.max_mw = 0;
+		/* Memory windows as mlx5_ib reports them: 2^log_max_mkey,
+		 * types 1 and 2B (lib/mw.h). */
+		a.max_mw = 1 << 24;
+		a.device_cap_flags |= IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
 		a.max_mcast_grp = 1 << 21;
 		a.max_mcast_qp_attach = 240;
 		a.max_total_mcast_qp_attach = 240 << 21;
@@ -331,7 +332,7 @@ public:
 		a.max_res_rd_atom = 0x3f000;
 		a.max_qp_init_rd_atom = 128;
 		a.atomic_cap = IBV_ATOMIC_HCA;
-		a.max_mw = 0; /* rxe has 0x10000; binding is not implemented (see mlx5) */
+		a.max_mw = 0; /* rxe has 0x10000; windows are the mlx5 profile's only */
 		a.max_mcast_grp = 8192;
 		a.max_mcast_qp_attach = 56;
 		a.max_total_mcast_qp_attach = 0x70000;

@@ -197,11 +197,25 @@ void wr_local_inv(struct ibv_qp_ex *q, uint32_t invalidate_rkey)
 		w->imm_data = invalidate_rkey;
 }
 
-/* Memory windows are never bound on this device (ibv_bind_mw: EOPNOTSUPP). */
-void wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *, uint32_t, const struct ibv_mw_bind_info *)
+/* A window of another context is EINVAL; a range over 2 GiB EOPNOTSUPP,
+ * as ibv_post_send's (libmlx5's KLM limit). */
+void wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
+		const struct ibv_mw_bind_info *info)
 {
-	if (QpExBatch *b = batch_of(q))
-		latch(*b, EOPNOTSUPP);
+	SendWr *w = begin(q, IBV_WR_BIND_MW);
+	if (!w)
+		return;
+	struct ibv_context *ctx = q->qp_base.context;
+	if (!mw || !info || mw->context != ctx || (info->mr && info->mr->context != ctx)) {
+		latch(*batch_of(q), EINVAL);
+		return;
+	}
+	if (info->length > (1ull << 31)) {
+		latch(*batch_of(q), EOPNOTSUPP);
+		return;
+	}
+	w->bind = {Mw::from(mw), info->mr ? Mr::from(info->mr) : nullptr, info->addr,
+		   info->length, info->mw_access_flags, rkey};
 }
 
 /* ---- Setters ---- */

@@ -17,11 +17,13 @@
  *
  * Device memory (ibv_alloc_dm, ibv_reg_dm_mr): lib/dm.h.
  *
+ * Memory windows (lib/mw.h): verbs.h's inline ibv_alloc_mw, ibv_bind_mw
+ * and ibv_dealloc_mw call the context's ops, set here; under a profile
+ * without windows (rxe) alloc_mw is EOPNOTSUPP, as libibverbs answers for
+ * a provider without the op.
+ *
  * Not offered: ibv_reg_dmabuf_mr (EOPNOTSUPP: there is no device memory to
- * import from), memory windows: binding one is not implemented, so, like a
- * device without them, the device reports max_mw 0 and no
- * IBV_DEVICE_MEM_WINDOW* flag, and alloc_mw, dealloc_mw and bind_mw keep
- * their EOPNOTSUPP defaults (ops.cpp; docs/verbs.md).
+ * import from).
  */
 #include "abi.h"
 #include "abi_enum.h"
@@ -30,6 +32,7 @@
 #include "dm.h"
 #include "fork.h"
 #include "mr.h"
+#include "mw.h"
 #include "pd.h"
 
 /* verbs.h wraps these in inline helpers; we define the real entry points. */
@@ -52,6 +55,59 @@ struct ibv_mr *ctx_alloc_null_mr(struct ibv_pd *pd)
 			mr->ibv.pd = pd;
 		return to_ptr(mr);
 	});
+}
+
+/* ---- Memory windows (lib/mw.h) ---- */
+
+struct ibv_mw *ctx_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	Context *c = pd ? to_context(pd->context) : nullptr;
+	if (!c)
+		return fail_ptr<struct ibv_mw>(EINVAL);
+	return guard_ptr([&]() -> struct ibv_mw * {
+		Result<Mw> mw = alloc_mw(*c, *Pd::from(pd), type);
+		if (mw)
+			mw->ibv.pd = pd;
+		return to_ptr(mw);
+	});
+}
+
+int ctx_dealloc_mw(struct ibv_mw *mw)
+{
+	if (!mw || !to_context(mw->context))
+		return EINVAL;
+	return guard_int([&] { return dealloc_mw(*Mw::from(mw)); });
+}
+
+/* ibv_bind_mw() of a type 1 window, after verbs.h's checks: libmlx5's own
+ * (a zero-based window or MR EINVAL, a null MR ENOTSUP), then a BIND_MW WR
+ * posted on the QP with the key's next variant, which the window takes
+ * once the post succeeded (the bind itself completes on the CQ). */
+int ctx_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *mw_bind)
+{
+	if (!qp || !mw || !mw_bind || qp->context != mw->context)
+		return EINVAL;
+	const struct ibv_mw_bind_info &info = mw_bind->bind_info;
+	if (info.mw_access_flags & IBV_ACCESS_ZERO_BASED)
+		return EINVAL;
+	if (info.mr) {
+		const Mr &mr = *Mr::from(info.mr);
+		if (mr.type == MrType::Null)
+			return ENOTSUP;
+		if (mr.type == MrType::Dm) /* zero-based */
+			return EINVAL;
+	}
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.wr_id = mw_bind->wr_id;
+	wr.send_flags = mw_bind->send_flags;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+	wr.bind_mw.bind_info = info;
+	if (int err = qp->context->ops.post_send(qp, &wr, &bad))
+		return err;
+	mw->rkey = wr.bind_mw.rkey;
+	return 0;
 }
 
 struct ibv_td *ctx_alloc_td(struct ibv_context *context, struct ibv_td_init_attr *init_attr)
@@ -174,6 +230,9 @@ namespace shmverbs::abi {
 void install_pd_ops(struct verbs_context &v)
 {
 	v.alloc_null_mr = ctx_alloc_null_mr;
+	v.context.ops.alloc_mw = ctx_alloc_mw;
+	v.context.ops.dealloc_mw = ctx_dealloc_mw;
+	v.context.ops.bind_mw = ctx_bind_mw;
 	v.advise_mr = ctx_advise_mr;
 	v.alloc_dm = ctx_alloc_dm;
 	v.free_dm = ctx_free_dm;

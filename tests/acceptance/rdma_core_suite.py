@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 CHILD_FLAG = "SHMV_RDMA_CORE_CHILD"
-MIN_PASSED = 116
+MIN_PASSED = 124
 SUITE = "/usr/share/doc/rdma-core/tests"
 
 KNOWN = {

@@ -260,6 +260,27 @@ int target_main(BufKind kind)
 		if (!read_line(stdin, line))
 			return 0;
 	}
+	if (line == "mw\n") {
+		/* A type 2 window over bytes [2048, 2064) of a second MR of the
+		 * buffer, bound on the QP: "mw <rkey>". */
+		struct ibv_mr *mr = ibv_reg_mr(n.pd, n.buf.data(), buf_size,
+					       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+		struct ibv_mw *mw = ibv_alloc_mw(n.pd, IBV_MW_TYPE_2);
+		NEED((mr && mw));
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = IBV_WR_BIND_MW;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.bind_mw.mw = mw;
+		wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+		wr.bind_mw.bind_info = {mr, uint64_t(uintptr_t(n.buf.data() + 2048)), 16,
+					IBV_ACCESS_REMOTE_WRITE};
+		NEED(ibv_post_send(n.qp, &wr, &bad) == 0);
+		struct ibv_wc wc{};
+		NEED((n.wait_wc(wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW));
+		std::printf("mw %u\n", wr.bind_mw.rkey);
+		if (!read_line(stdin, line))
+			return 0;
+	}
 	if (line == "dereg\n") {
 		/* The registration goes; the memory stays the application's. */
 		uintptr_t page = uintptr_t(n.buf.data()) & ~uintptr_t(4095);
@@ -610,6 +631,44 @@ TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted, then succeeds",
 	CHECK(wc.status == IBV_WC_SUCCESS);
 	t.send("check");
 	CHECK(t.line() == "wc 0 4 0 200\n");
+}
+
+TEST_CASE("a peer's memory window: reached through its key, within it, until SEND_WITH_INV",
+	  "[datapath][process][mw]")
+{
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 1");
+	REQUIRE(t.line() == "ready\n");
+	uint32_t key = 0;
+	REQUIRE(std::sscanf(t.ask("mw").c_str(), "mw %u", &key) == 1);
+	struct ibv_wc wc{};
+	std::memcpy(n.buf.data(), "through-window!", 16);
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr + 2048, key, 1) == 0);
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	/* What landed, read back through the MR. */
+	REQUIRE(post(n, IBV_WR_RDMA_READ, 512, 16, t.addr + 2048, t.rkey, 2) == 0);
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(n.buf.data() + 512, "through-window!", 16) == 0);
+	struct ibv_sge s = {uint64_t(uintptr_t(n.buf.data())), 8, n.mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 3;
+	wr.opcode = IBV_WR_SEND_WITH_INV;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.invalidate_rkey = key;
+	REQUIRE(ibv_post_send(n.qp, &wr, &bad) == 0);
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 8, t.addr + 2048, key, 4) == 0);
+	REQUIRE(n.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+	t.send("check");
+	CHECK(t.line() == "wc 0 8 " + std::to_string(ntohl(key)) + " 100\n");
 }
 
 TEST_CASE("a CQ grows beyond its ring while a peer process streams SENDs into it",

@@ -1,12 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Memory windows are not offered (binding one is not implemented): the
- * device claims none, as a device without them does, and every entry point
- * answers accordingly (docs/verbs.md, "Memory").
+ * Memory windows (lib/mw.h), mlx5 profile: type 1 bound by ibv_bind_mw and
+ * type 2B by BIND_MW WRs; remote access through a window's key and only
+ * within it; unbinding, LOCAL_INV, a peer's SEND_WITH_INV, deallocation and
+ * the MR's deregistration all end that access; what the HCA refuses at
+ * execution fails with MW_BIND_ERR (or LOC_QP_OP_ERR for LOCAL_INV) and the
+ * QP enters ERR; the verbs' own errnos. Side a owns the windows, side b
+ * accesses them (two QPs of one process: the data path is the one used
+ * across processes; unit-datapath [mw] has a peer process).
  */
 #include "loopback.h"
 
 #include <cerrno>
+#include <cstring>
 
 using namespace loopback;
 
@@ -15,95 +21,424 @@ namespace {
 Options mw_options()
 {
 	Options o;
-	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE |
+		     IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
 	return o;
 }
 
-/* Stands for a window of this device that some code made up: none can be
- * allocated. */
-struct ibv_mw fake_mw(Pair &p, enum ibv_mw_type type)
+constexpr uint32_t window_off = 1024, window_len = 256;
+
+/* Side a's buffer registered again, for windows: `access` plus MW_BIND
+ * unless told otherwise. */
+struct BindableMr {
+	struct ibv_mr *mr;
+	BindableMr(Pair &p, uint32_t access)
+	{
+		mr = ibv_reg_mr(p.pd, p.a.buf.data(), p.a.buf.size(), access);
+		REQUIRE(mr);
+	}
+	~BindableMr() { ibv_dereg_mr(mr); }
+};
+
+struct ibv_mw_bind_info window_info(Pair &p, struct ibv_mr *mr,
+				    uint32_t access = IBV_ACCESS_REMOTE_WRITE |
+						      IBV_ACCESS_REMOTE_READ)
 {
-	struct ibv_mw mw{};
-	mw.context = p.ctx;
-	mw.pd = p.pd;
-	mw.rkey = 0x1234500;
-	mw.handle = 77;
-	mw.type = type;
-	return mw;
+	struct ibv_mw_bind_info b{};
+	b.mr = mr;
+	b.addr = p.a.addr(window_off);
+	b.length = window_len;
+	b.mw_access_flags = access;
+	return b;
 }
 
-constexpr uint64_t mw_cap_flags =
-	IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+/* A signaled BIND_MW of type 2 window `mw` on side a's QP: post's errno. */
+int post_bind(Pair &p, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info &info,
+	      uint64_t wr_id = 50)
+{
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = rkey;
+	wr.bind_mw.bind_info = info;
+	return ibv_post_send(p.a.qp, &wr, &bad);
+}
+
+/* Side a's next completion: its status (and opcode in `op`). */
+enum ibv_wc_status a_completion(Pair &p, enum ibv_wc_opcode *op = nullptr)
+{
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	if (op)
+		*op = wc.opcode;
+	return wc.status;
+}
+
+/* An 8-byte RDMA op from side b at `remote` with `rkey`: its status. */
+enum ibv_wc_status b_access(Pair &p, enum ibv_wr_opcode op, uint32_t rkey, uint64_t remote)
+{
+	struct ibv_send_wr wr{};
+	wr.wr.rdma.rkey = rkey;
+	wr.wr.rdma.remote_addr = remote;
+	REQUIRE(Pair::post8(p.b, op, 7, wr) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	return wc.status;
+}
+
+/* A type 2 window of side a bound (on a's QP) over the window range with
+ * key variant 0x42; its key. */
+uint32_t bound_type2(Pair &p, struct ibv_mw *mw, struct ibv_mr *mr)
+{
+	const uint32_t key = (mw->rkey & ~0xffu) | 0x42;
+	REQUIRE(post_bind(p, mw, key, window_info(p, mr)) == 0);
+	enum ibv_wc_opcode op;
+	REQUIRE(a_completion(p, &op) == IBV_WC_SUCCESS);
+	CHECK(op == IBV_WC_BIND_MW);
+	return key;
+}
 
 } // namespace
 
-TEST_CASE("memory windows: the device claims none (max_mw 0, no MEM_WINDOW flag)", "[mw]")
+TEST_CASE("memory windows: the mlx5 profile offers types 1 and 2B", "[mw]")
 {
 	Pair p;
 	struct ibv_device_attr a{};
 	REQUIRE(ibv_query_device(p.ctx, &a) == 0);
-	CHECK(a.max_mw == 0);
-	CHECK((a.device_cap_flags & mw_cap_flags) == 0);
+	CHECK(a.max_mw == 1 << 24);
+	CHECK(a.device_cap_flags & IBV_DEVICE_MEM_WINDOW);
+	CHECK(a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B);
+	CHECK_FALSE(a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A);
 	struct ibv_device_attr_ex x{};
 	REQUIRE(ibv_query_device_ex(p.ctx, nullptr, &x) == 0);
-	CHECK(x.orig_attr.max_mw == 0);
-	CHECK((x.device_cap_flags_ex & mw_cap_flags) == 0);
+	CHECK(x.orig_attr.max_mw == 1 << 24);
+	CHECK(x.device_cap_flags_ex & IBV_DEVICE_MEM_WINDOW_TYPE_2B);
 }
 
-TEST_CASE("memory windows: each entry point's errno", "[mw]")
+TEST_CASE("memory windows: allocation and its errnos", "[mw]")
+{
+	Pair p;
+	for (int type : {0, 3}) {
+		CAPTURE(type);
+		errno = 0;
+		CHECK(ibv_alloc_mw(p.pd, static_cast<enum ibv_mw_type>(type)) == nullptr);
+		CHECK(errno == EINVAL);
+	}
+	struct ibv_mw *w1 = ibv_alloc_mw(p.pd, IBV_MW_TYPE_1);
+	struct ibv_mw *w2 = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+	REQUIRE((w1 && w2));
+	CHECK(w1->type == IBV_MW_TYPE_1);
+	CHECK(w2->type == IBV_MW_TYPE_2);
+	CHECK((w1->pd == p.pd && w1->context == p.ctx));
+	CHECK((w1->rkey >> 8) != (w2->rkey >> 8));
+	CHECK((w1->rkey >> 8) != (p.a.mr->rkey >> 8));
+	/* The PD is in use while a window exists. */
+	struct ibv_pd *pd2 = ibv_alloc_pd(p.ctx);
+	REQUIRE(pd2);
+	struct ibv_mw *w3 = ibv_alloc_mw(pd2, IBV_MW_TYPE_2);
+	REQUIRE(w3);
+	CHECK(ibv_dealloc_pd(pd2) == EBUSY);
+	CHECK(ibv_dealloc_mw(w3) == 0);
+	CHECK(ibv_dealloc_pd(pd2) == 0);
+	CHECK(ibv_dealloc_mw(w1) == 0);
+	CHECK(ibv_dealloc_mw(w2) == 0);
+}
+
+TEST_CASE("memory windows: type 1 bound by ibv_bind_mw gives access to its range only", "[mw]")
 {
 	Pair p(mw_options());
 	p.connect();
-	struct ibv_mw mw1 = fake_mw(p, IBV_MW_TYPE_1), mw2 = fake_mw(p, IBV_MW_TYPE_2);
+	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_1);
+	REQUIRE(mw);
+	const uint32_t before = mw->rkey;
 	struct ibv_mw_bind bind{};
-	bind.bind_info.mr = p.a.mr;
-	bind.bind_info.addr = p.a.addr(0);
-	bind.bind_info.length = 64;
-	bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+	bind.wr_id = 11;
+	bind.send_flags = IBV_SEND_SIGNALED;
+	bind.bind_info = window_info(p, m.mr);
+	REQUIRE(ibv_bind_mw(p.a.qp, mw, &bind) == 0);
+	CHECK(mw->rkey == ibv_inc_rkey(before));
+	enum ibv_wc_opcode op;
+	REQUIRE(a_completion(p, &op) == IBV_WC_SUCCESS);
+	CHECK(op == IBV_WC_BIND_MW);
 
-	SECTION("ibv_alloc_mw: EOPNOTSUPP for every type")
+	std::memcpy(p.b.at(0), "windowed", 8);
+	CHECK(b_access(p, IBV_WR_RDMA_WRITE, mw->rkey, p.a.addr(window_off + 8)) == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(p.a.at(window_off + 8), "windowed", 8) == 0);
+	std::memcpy(p.a.at(window_off + 16), "read-me!", 8);
+	CHECK(b_access(p, IBV_WR_RDMA_READ, mw->rkey, p.a.addr(window_off + 16)) == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(p.b.at(0), "read-me!", 8) == 0);
+
+	SECTION("beyond the window: REM_ACCESS_ERR (the MR itself is larger)")
 	{
-		for (int type : {int(IBV_MW_TYPE_1), int(IBV_MW_TYPE_2), 0, 3}) {
-			CAPTURE(type);
-			errno = 0;
-			CHECK(ibv_alloc_mw(p.pd, static_cast<enum ibv_mw_type>(type)) == nullptr);
-			CHECK(errno == EOPNOTSUPP);
-		}
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, mw->rkey, p.a.addr(window_off + window_len - 4)) ==
+		      IBV_WC_REM_ACCESS_ERR);
 	}
-	SECTION("ibv_dealloc_mw: EOPNOTSUPP")
+	SECTION("the key before the bind reaches nothing")
 	{
-		CHECK(ibv_dealloc_mw(&mw1) == EOPNOTSUPP);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, before, p.a.addr(window_off)) ==
+		      IBV_WC_REM_ACCESS_ERR);
 	}
-	SECTION("ibv_bind_mw: EOPNOTSUPP for type 1; type 2 is EINVAL in libibverbs")
+	SECTION("rebound with length 0: unbound")
 	{
-		CHECK(ibv_bind_mw(p.a.qp, &mw1, &bind) == EOPNOTSUPP);
-		CHECK(ibv_bind_mw(p.a.qp, &mw2, &bind) == EINVAL);
-		CHECK(Pair::quiet(p.a)); /* nothing was posted */
+		const uint32_t bound = mw->rkey;
+		bind.bind_info.addr = 0;
+		bind.bind_info.length = 0;
+		bind.bind_info.mw_access_flags = 0;
+		REQUIRE(ibv_bind_mw(p.a.qp, mw, &bind) == 0);
+		REQUIRE(a_completion(p) == IBV_WC_SUCCESS);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, bound, p.a.addr(window_off)) ==
+		      IBV_WC_REM_ACCESS_ERR);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, mw->rkey, p.a.addr(window_off)) ==
+		      IBV_WC_WR_FLUSH_ERR); /* b is in ERR since */
 	}
-	SECTION("ibv_wr_bind_mw: ibv_wr_complete returns EOPNOTSUPP and posts nothing")
+	SECTION("rebound elsewhere: the old key fails, the new one works")
 	{
-		ibv_wr_start(p.a.qpx);
-		p.a.qpx->wr_id = 9;
-		p.a.qpx->wr_flags = IBV_SEND_SIGNALED;
-		ibv_wr_bind_mw(p.a.qpx, &mw2, 0x1234501, &bind.bind_info);
-		CHECK(ibv_wr_complete(p.a.qpx) == EOPNOTSUPP);
-		CHECK(Pair::quiet(p.a));
+		const uint32_t old = mw->rkey;
+		bind.bind_info.addr = p.a.addr(4096);
+		REQUIRE(ibv_bind_mw(p.a.qp, mw, &bind) == 0);
+		REQUIRE(a_completion(p) == IBV_WC_SUCCESS);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, mw->rkey, p.a.addr(4096)) == IBV_WC_SUCCESS);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, old, p.a.addr(window_off)) ==
+		      IBV_WC_REM_ACCESS_ERR);
 	}
-	SECTION("IBV_WR_BIND_MW through ibv_post_send: EINVAL, bad_wr set, nothing posted")
+	SECTION("the window's key is no lkey")
+	{
+		struct ibv_send_wr wr{};
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.wr.rdma.rkey = p.b.mr->rkey;
+		wr.wr.rdma.remote_addr = p.b.addr(0);
+		REQUIRE(shmv_test::post_send_sge(p.a.qp, wr, {p.a.addr(window_off), 8, mw->rkey}) ==
+			0);
+		CHECK(a_completion(p) == IBV_WC_LOC_PROT_ERR);
+	}
+	SECTION("deallocated: its key reaches nothing")
+	{
+		const uint32_t key = mw->rkey;
+		REQUIRE(ibv_dealloc_mw(mw) == 0);
+		mw = nullptr;
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, key, p.a.addr(window_off)) ==
+		      IBV_WC_REM_ACCESS_ERR);
+	}
+	SECTION("the MR deregistered: its windows are unbound")
+	{
+		const uint32_t key = mw->rkey;
+		REQUIRE(ibv_dereg_mr(m.mr) == 0);
+		m.mr = ibv_reg_mr(p.pd, p.a.buf.data(), 64, IBV_ACCESS_LOCAL_WRITE);
+		REQUIRE(m.mr);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, key, p.a.addr(window_off)) ==
+		      IBV_WC_REM_ACCESS_ERR);
+	}
+	if (mw)
+		CHECK(ibv_dealloc_mw(mw) == 0);
+}
+
+TEST_CASE("memory windows: ibv_bind_mw's own errnos", "[mw]")
+{
+	Pair p(mw_options());
+	p.connect();
+	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *w1 = ibv_alloc_mw(p.pd, IBV_MW_TYPE_1);
+	struct ibv_mw *w2 = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+	REQUIRE((w1 && w2));
+	struct ibv_mw_bind bind{};
+	bind.send_flags = IBV_SEND_SIGNALED;
+	bind.bind_info = window_info(p, m.mr);
+	CHECK(ibv_bind_mw(p.a.qp, w2, &bind) == EINVAL); /* libibverbs: type 1 only */
+	bind.bind_info.mw_access_flags |= IBV_ACCESS_ZERO_BASED;
+	CHECK(ibv_bind_mw(p.a.qp, w1, &bind) == EINVAL); /* libmlx5 */
+	bind.bind_info = window_info(p, m.mr);
+	bind.bind_info.mr = nullptr;
+	CHECK(ibv_bind_mw(p.a.qp, w1, &bind) == EINVAL); /* a range without an MR */
+	struct ibv_mr *null_mr = ibv_alloc_null_mr(p.pd);
+	REQUIRE(null_mr);
+	bind.bind_info.mr = null_mr;
+	CHECK(ibv_bind_mw(p.a.qp, w1, &bind) == ENOTSUP);
+	CHECK(Pair::quiet(p.a)); /* nothing was posted */
+	CHECK(ibv_dereg_mr(null_mr) == 0);
+	CHECK(ibv_dealloc_mw(w1) == 0);
+	CHECK(ibv_dealloc_mw(w2) == 0);
+}
+
+TEST_CASE("memory windows: type 2 by BIND_MW, ended by LOCAL_INV or a peer's SEND_WITH_INV",
+	  "[mw]")
+{
+	Pair p(mw_options());
+	p.connect();
+	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+	REQUIRE(mw);
+	const uint32_t key = bound_type2(p, mw, m.mr);
+	std::memcpy(p.b.at(0), "type-two", 8);
+	CHECK(b_access(p, IBV_WR_RDMA_WRITE, key, p.a.addr(window_off)) == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(p.a.at(window_off), "type-two", 8) == 0);
+
+	SECTION("LOCAL_INV")
 	{
 		struct ibv_send_wr wr{}, *bad = nullptr;
-		wr.wr_id = 8;
-		wr.opcode = IBV_WR_BIND_MW;
+		wr.wr_id = 60;
+		wr.opcode = IBV_WR_LOCAL_INV;
 		wr.send_flags = IBV_SEND_SIGNALED;
-		wr.bind_mw.mw = &mw2;
-		wr.bind_mw.rkey = 0x1234501;
-		wr.bind_mw.bind_info = bind.bind_info;
-		CHECK(ibv_post_send(p.a.qp, &wr, &bad) == EINVAL);
-		CHECK(bad == &wr);
-		CHECK(Pair::quiet(p.a));
+		wr.invalidate_rkey = key;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		enum ibv_wc_opcode op;
+		REQUIRE(a_completion(p, &op) == IBV_WC_SUCCESS);
+		CHECK(op == IBV_WC_LOCAL_INV);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, key, p.a.addr(window_off)) ==
+		      IBV_WC_REM_ACCESS_ERR);
+	}
+	SECTION("SEND_WITH_INV from the peer")
+	{
+		REQUIRE(Pair::post_recv(p.a, 70, 0, 64) == 0);
+		struct ibv_send_wr wr{};
+		wr.invalidate_rkey = key;
+		REQUIRE(Pair::post8(p.b, IBV_WR_SEND_WITH_INV, 71, wr) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(p.b, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.wc_flags & IBV_WC_WITH_INV);
+		CHECK(wc.invalidated_rkey == key);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, key, p.a.addr(window_off)) ==
+		      IBV_WC_REM_ACCESS_ERR);
+	}
+	SECTION("rebound after LOCAL_INV with a new key; bound twice is MW_BIND_ERR")
+	{
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = IBV_WR_LOCAL_INV;
+		wr.invalidate_rkey = key;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0); /* unsignaled */
+		const uint32_t again = ibv_inc_rkey(key);
+		REQUIRE(post_bind(p, mw, again, window_info(p, m.mr)) == 0);
+		REQUIRE(a_completion(p) == IBV_WC_SUCCESS);
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, again, p.a.addr(window_off)) == IBV_WC_SUCCESS);
+		REQUIRE(post_bind(p, mw, ibv_inc_rkey(again), window_info(p, m.mr)) == 0);
+		CHECK(a_completion(p) == IBV_WC_MW_BIND_ERR);
+	}
+	SECTION("bound to a's QP: a request to another QP may not use it")
+	{
+		/* b's QP is the responder of a's requests: a reading its own
+		 * memory through b fails. */
+		struct ibv_send_wr wr{};
+		wr.wr.rdma.rkey = key;
+		wr.wr.rdma.remote_addr = p.a.addr(window_off);
+		REQUIRE(Pair::post8(p.a, IBV_WR_RDMA_READ, 80, wr) == 0);
+		CHECK(a_completion(p) == IBV_WC_REM_ACCESS_ERR);
+	}
+	SECTION("through ibv_wr_bind_mw")
+	{
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = IBV_WR_LOCAL_INV;
+		wr.invalidate_rkey = key;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		const uint32_t next = ibv_inc_rkey(key);
+		struct ibv_mw_bind_info info = window_info(p, m.mr, IBV_ACCESS_REMOTE_READ);
+		ibv_wr_start(p.a.qpx);
+		p.a.qpx->wr_id = 90;
+		p.a.qpx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_bind_mw(p.a.qpx, mw, next, &info);
+		REQUIRE(ibv_wr_complete(p.a.qpx) == 0);
+		enum ibv_wc_opcode op;
+		REQUIRE(a_completion(p, &op) == IBV_WC_SUCCESS);
+		CHECK(op == IBV_WC_BIND_MW);
+		CHECK(b_access(p, IBV_WR_RDMA_READ, next, p.a.addr(window_off)) == IBV_WC_SUCCESS);
+		/* Read only. */
+		CHECK(b_access(p, IBV_WR_RDMA_WRITE, next, p.a.addr(window_off)) ==
+		      IBV_WC_REM_ACCESS_ERR);
+	}
+	CHECK(ibv_dealloc_mw(mw) == 0);
+}
+
+TEST_CASE("memory windows: what the HCA refuses at execution is MW_BIND_ERR, the QP in ERR",
+	  "[mw]")
+{
+	Pair p(mw_options());
+	p.connect();
+	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+	REQUIRE(mw);
+	uint32_t mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+	struct ibv_mw_bind_info info{};
+	auto bind_fails = [&] {
+		BindableMr m(p, mr_access);
+		struct ibv_mw_bind_info i = window_info(p, m.mr);
+		if (info.length)
+			i = info, i.mr = m.mr;
+		REQUIRE(post_bind(p, mw, mw->rkey, i) == 0);
+		CHECK(a_completion(p) == IBV_WC_MW_BIND_ERR);
 		struct ibv_qp_attr qa{};
 		struct ibv_qp_init_attr ia{};
 		REQUIRE(ibv_query_qp(p.a.qp, &qa, IBV_QP_STATE, &ia) == 0);
-		CHECK(qa.qp_state == IBV_QPS_RTS);
+		CHECK(qa.qp_state == IBV_QPS_ERR);
+	};
+	SECTION("an MR without IBV_ACCESS_MW_BIND")
+	{
+		mr_access = IBV_ACCESS_LOCAL_WRITE;
+		bind_fails();
 	}
+	SECTION("remote write over an MR without local write")
+	{
+		mr_access = IBV_ACCESS_MW_BIND;
+		bind_fails();
+	}
+	SECTION("a range beyond the MR")
+	{
+		info = window_info(p, nullptr);
+		info.length = buf_size;
+		bind_fails();
+	}
+	SECTION("a window of another PD")
+	{
+		struct ibv_pd *pd2 = ibv_alloc_pd(p.ctx);
+		REQUIRE(pd2);
+		struct ibv_mw *other = ibv_alloc_mw(pd2, IBV_MW_TYPE_2);
+		REQUIRE(other);
+		std::swap(mw, other);
+		bind_fails();
+		std::swap(mw, other);
+		CHECK(ibv_dealloc_mw(other) == 0);
+		CHECK(ibv_dealloc_pd(pd2) == 0);
+	}
+	SECTION("LOCAL_INV of an MR's key: LOC_QP_OP_ERR")
+	{
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = IBV_WR_LOCAL_INV;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.invalidate_rkey = p.a.mr->rkey;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		CHECK(a_completion(p) == IBV_WC_LOC_QP_OP_ERR);
+	}
+	CHECK(ibv_dealloc_mw(mw) == 0);
+}
+
+TEST_CASE("memory windows: BIND_MW's errnos at post", "[mw]")
+{
+	Pair p(mw_options());
+	p.connect();
+	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+	REQUIRE(mw);
+	struct ibv_mw_bind_info info = window_info(p, m.mr);
+	CHECK(post_bind(p, nullptr, mw->rkey, info) == EINVAL);
+	info.length = (1ull << 31) + 1;
+	CHECK(post_bind(p, mw, mw->rkey, info) == EOPNOTSUPP); /* libmlx5's KLM limit */
+	CHECK(Pair::quiet(p.a));
+	ibv_wr_start(p.a.qpx);
+	ibv_wr_bind_mw(p.a.qpx, mw, mw->rkey, &info);
+	CHECK(ibv_wr_complete(p.a.qpx) == EOPNOTSUPP);
+	CHECK(ibv_dealloc_mw(mw) == 0);
+}
+
+TEST_CASE("memory windows: a UD QP takes no BIND_MW", "[mw]")
+{
+	Options o;
+	o.type = IBV_QPT_UD;
+	Pair p(o);
+	p.connect();
+	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+	REQUIRE(mw);
+	CHECK(post_bind(p, mw, mw->rkey, window_info(p, p.a.mr)) == EINVAL);
+	CHECK(ibv_dealloc_mw(mw) == 0);
 }

@@ -479,3 +479,20 @@ TEST_CASE("concurrent reg/dereg on one PD", "[mr][threads]")
 	CHECK(live.empty());
 	/* Every use was given back: the fixture's dealloc_pd succeeds. */
 }
+
+/* Windows are the mlx5 profile's only (lib/mw.h): under rxe the device
+ * claims none and ibv_alloc_mw is EOPNOTSUPP, as libibverbs answers for a
+ * provider without them. */
+TEST_CASE("rxe: no memory windows", "[.][rxe]")
+{
+	shmv_test::DeviceWithPd d;
+	struct ibv_device_attr attr{};
+	REQUIRE(ibv_query_device(d.ctx, &attr) == 0);
+	CHECK(attr.max_mw == 0);
+	CHECK_FALSE(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW);
+	for (enum ibv_mw_type type : {IBV_MW_TYPE_1, IBV_MW_TYPE_2}) {
+		errno = 0;
+		CHECK(ibv_alloc_mw(d.pd, type) == nullptr);
+		CHECK(errno == EOPNOTSUPP);
+	}
+}
