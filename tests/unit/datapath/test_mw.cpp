@@ -66,6 +66,17 @@ int post_bind(Pair &p, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bin
 	return ibv_post_send(p.a.qp, &wr, &bad);
 }
 
+/* A LOCAL_INV of `key` on side a's QP: post's errno. */
+int post_local_inv(Pair &p, uint32_t key, bool signaled = true)
+{
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 60;
+	wr.opcode = IBV_WR_LOCAL_INV;
+	wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+	wr.invalidate_rkey = key;
+	return ibv_post_send(p.a.qp, &wr, &bad);
+}
+
 /* Side a's next completion: its status (and opcode in `op`). */
 enum ibv_wc_status a_completion(Pair &p, enum ibv_wc_opcode *op = nullptr)
 {
@@ -277,12 +288,7 @@ TEST_CASE("memory windows: type 2 by BIND_MW, ended by LOCAL_INV or a peer's SEN
 
 	SECTION("LOCAL_INV")
 	{
-		struct ibv_send_wr wr{}, *bad = nullptr;
-		wr.wr_id = 60;
-		wr.opcode = IBV_WR_LOCAL_INV;
-		wr.send_flags = IBV_SEND_SIGNALED;
-		wr.invalidate_rkey = key;
-		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		REQUIRE(post_local_inv(p, key) == 0);
 		enum ibv_wc_opcode op;
 		REQUIRE(a_completion(p, &op) == IBV_WC_SUCCESS);
 		CHECK(op == IBV_WC_LOCAL_INV);
@@ -307,10 +313,7 @@ TEST_CASE("memory windows: type 2 by BIND_MW, ended by LOCAL_INV or a peer's SEN
 	}
 	SECTION("rebound after LOCAL_INV with a new key; bound twice is MW_BIND_ERR")
 	{
-		struct ibv_send_wr wr{}, *bad = nullptr;
-		wr.opcode = IBV_WR_LOCAL_INV;
-		wr.invalidate_rkey = key;
-		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0); /* unsignaled */
+		REQUIRE(post_local_inv(p, key, false) == 0);
 		const uint32_t again = ibv_inc_rkey(key);
 		REQUIRE(post_bind(p, mw, again, window_info(p, m.mr)) == 0);
 		REQUIRE(a_completion(p) == IBV_WC_SUCCESS);
@@ -330,10 +333,7 @@ TEST_CASE("memory windows: type 2 by BIND_MW, ended by LOCAL_INV or a peer's SEN
 	}
 	SECTION("through ibv_wr_bind_mw")
 	{
-		struct ibv_send_wr wr{}, *bad = nullptr;
-		wr.opcode = IBV_WR_LOCAL_INV;
-		wr.invalidate_rkey = key;
-		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		REQUIRE(post_local_inv(p, key, false) == 0);
 		const uint32_t next = ibv_inc_rkey(key);
 		struct ibv_mw_bind_info info = window_info(p, m.mr, IBV_ACCESS_REMOTE_READ);
 		ibv_wr_start(p.a.qpx);
@@ -403,11 +403,7 @@ TEST_CASE("memory windows: what the HCA refuses at execution is MW_BIND_ERR, the
 	}
 	SECTION("LOCAL_INV of an MR's key: LOC_QP_OP_ERR")
 	{
-		struct ibv_send_wr wr{}, *bad = nullptr;
-		wr.opcode = IBV_WR_LOCAL_INV;
-		wr.send_flags = IBV_SEND_SIGNALED;
-		wr.invalidate_rkey = p.a.mr->rkey;
-		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		REQUIRE(post_local_inv(p, p.a.mr->rkey) == 0);
 		CHECK(a_completion(p) == IBV_WC_LOC_QP_OP_ERR);
 	}
 	CHECK(ibv_dealloc_mw(mw) == 0);

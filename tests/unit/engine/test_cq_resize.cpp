@@ -10,9 +10,9 @@
 #include <catch2/catch.hpp>
 
 #include "cq_produce.h"
+#include "dead_pid.h"
 #include "qp_fixture.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -68,15 +68,6 @@ struct OneCq {
 	}
 	uint32_t capacity() const { return cq_ring_capacity(*cq->ring); }
 };
-
-uint32_t dead_pid()
-{
-	pid_t pid = fork();
-	if (pid == 0)
-		_exit(0);
-	waitpid(pid, nullptr, 0);
-	return uint32_t(pid);
-}
 
 } // namespace
 

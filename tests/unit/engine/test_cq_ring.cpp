@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "cq.h"
+#include "dead_pid.h"
 
 #include <sys/eventfd.h>
 #include <sys/wait.h>
@@ -105,15 +106,6 @@ struct RingMem {
 		return got;
 	}
 };
-
-uint32_t dead_pid()
-{
-	pid_t pid = fork();
-	if (pid == 0)
-		_exit(0);
-	waitpid(pid, nullptr, 0);
-	return uint32_t(pid);
-}
 
 /* A producer that died and that nobody has reaped yet: a zombie, until the
  * returned pid is waited for. */
