@@ -70,6 +70,7 @@ void on_fork_child()
 	generation.fetch_add(1, std::memory_order_relaxed);
 	fork_child::segments();
 	fork_child::key_tables();
+	fork_child::windows();
 	fork_child::progress();
 	fork_child::remote_memory();
 	fork_child::mr_memory();

@@ -112,6 +112,7 @@ uint32_t fork_generation();
 namespace fork_child {
 void segments();      /* lib/segment.cpp */
 void key_tables();    /* lib/mr.cpp */
+void windows();       /* lib/mw.cpp */
 void progress();      /* lib/progress.cpp */
 void remote_memory(); /* lib/remote_memory.cpp */
 void mr_memory();     /* lib/mr_memory.cpp */

@@ -3,6 +3,7 @@
 
 #include "context.h"
 #include "device.h"
+#include "fork.h"
 
 #include <unistd.h>
 
@@ -17,17 +18,21 @@ namespace {
 
 /* The windows of this process by (device, slot index): LOCAL_INV names a
  * window by its key, and an MR's deregistration finds those bound to it.
- * Lock order: registry, then a window's lock. */
+ * Lock order: registry, then a window's lock. Never freed (used until
+ * exit); a forked child starts an empty one, as it starts new key tables
+ * (its inherited windows are of inherited contexts, refused with EIO). */
 struct Registry {
 	std::mutex lock;
 	std::unordered_map<uint64_t, Mw *> windows;
 };
 
-Registry &registry()
+Registry *&registry_ptr()
 {
-	static Registry *r = new Registry; /* never freed: used until exit */
-	return *r;
+	static Registry *r = new Registry;
+	return r;
 }
+
+Registry &registry() { return *registry_ptr(); }
 
 uint64_t registry_key(uint32_t device, uint32_t index)
 {
@@ -77,6 +82,8 @@ bool bind_allowed(const MwBind &b, uint32_t mw_pdn)
 }
 
 } // namespace
+
+void fork_child::windows() { registry_ptr() = new Registry; }
 
 Result<Mw> alloc_mw(Context &ctx, Pd &pd, int type)
 {

@@ -62,6 +62,8 @@ struct ibv_cq_ex *parent_cq_ex = nullptr;
 	qa.qp_state = IBV_QPS_ERR;
 	expect(ibv_modify_qp(parent.dev.qp, &qa, IBV_QP_STATE) == EIO, "modify_qp EIO");
 	expect(ibv_dereg_mr(parent.mr) == EIO, "dereg_mr EIO");
+	errno = 0;
+	expect(ibv_alloc_mw(parent.dev.pd, IBV_MW_TYPE_2) == nullptr && errno == EIO, "alloc_mw EIO");
 	expect(ibv_destroy_qp(parent.dev.qp) == EIO, "destroy_qp EIO");
 
 	/* 2. Its own device, talking to the parent. */
@@ -86,6 +88,9 @@ struct ibv_cq_ex *parent_cq_ex = nullptr;
 		struct ibv_mr *amr = ibv_reg_mr(a.pd, ab.p, ab.n, IBV_ACCESS_LOCAL_WRITE);
 		struct ibv_mr *bmr = ibv_reg_mr(b.pd, bb.p, bb.n, IBV_ACCESS_LOCAL_WRITE);
 		NEED((amr && bmr));
+		/* Windows of its own (lib/mw.cpp keeps a registry per process). */
+		struct ibv_mw *mw = ibv_alloc_mw(a.pd, IBV_MW_TYPE_1);
+		expect(mw && ibv_dealloc_mw(mw) == 0, "a window of its own");
 		NEED(rc_to_rts(a.qp, b.qp->qp_num, a.lid) == 0);
 		NEED(rc_to_rts(b.qp, a.qp->qp_num, b.lid) == 0);
 		NEED(post_send(a.qp, amr, ab, 9) == 0);
