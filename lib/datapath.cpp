@@ -655,8 +655,7 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 		/* libmlx5: a KLM covers 2 GiB at most. */
 		if (b.length > (1ull << 31))
 			return EOPNOTSUPP;
-		w.bind = {Mw::from(wr->bind_mw.mw), b.mr ? Mr::from(b.mr) : nullptr, b.addr,
-			  b.length, b.mw_access_flags, wr->bind_mw.rkey};
+		w.bind = mw_bind_of(wr->bind_mw.mw, wr->bind_mw.rkey, b);
 	}
 	return 0;
 }

@@ -599,9 +599,9 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 		pd->uses.get();
 
 	KeyTable &keys = *mr.keys;
+	keys.unpublish(mr.index);
 	/* A window names the MR's range, path and PD as they were. */
 	unbind_windows_of(mr);
-	keys.unpublish(mr.index);
 	uint8_t variant = keys.variant(mr.index);
 	const uint64_t old_addr = mr.addr, old_length = mr.length;
 	const uint32_t old_access = mr.access;
@@ -632,8 +632,8 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 int dereg_mr(Mr &mr)
 {
 	if (mr.type != MrType::Null) {
-		unbind_windows_of(mr);
 		mr.keys->unpublish(mr.index);
+		unbind_windows_of(mr);
 		/* No operation holds the key any more: the pages may go private. */
 		if (mr.length)
 			mr_memory_detach(mr.addr, mr.length, mr.access, mr.path);

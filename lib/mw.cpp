@@ -51,7 +51,7 @@ std::atomic<uint32_t> next_handle{1};
 void drain(Mw &mw)
 {
 	mw.keys->unpublish(mw.index);
-	mw.bound = nullptr;
+	mw.bound_mr = 0;
 }
 
 /* The same for a send queue: false while holds remain (the key is
@@ -60,25 +60,25 @@ bool try_drain(Mw &mw)
 {
 	if (!mw.keys->try_unpublish(mw.index))
 		return false;
-	mw.bound = nullptr;
+	mw.bound_mr = 0;
 	return true;
 }
 
 constexpr uint32_t remote_access =
 	IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 
-/* What the HCA checks of a bind with a range (bind_mw()'s list). */
+/* What the HCA checks of a bind with a range (bind_mw()'s list), but the
+ * MR's being registered still. */
 bool bind_allowed(const MwBind &b, uint32_t mw_pdn)
 {
-	const Mr *mr = b.mr;
-	if (!mr || mr->type != MrType::User || mr->pd->pdn != mw_pdn ||
-	    !(mr->access & IBV_ACCESS_MW_BIND))
+	if (!b.mr_key || b.mr_type != MrType::User || b.mr_pdn != mw_pdn ||
+	    !(b.mr_access & IBV_ACCESS_MW_BIND))
 		return false;
-	if (b.addr < mr->iova || b.addr - mr->iova > mr->length ||
-	    b.length > mr->length - (b.addr - mr->iova))
+	if (b.addr < b.mr_iova || b.addr - b.mr_iova > b.mr_length ||
+	    b.length > b.mr_length - (b.addr - b.mr_iova))
 		return false;
 	return !(b.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) ||
-	       (mr->access & IBV_ACCESS_LOCAL_WRITE);
+	       (b.mr_access & IBV_ACCESS_LOCAL_WRITE);
 }
 
 } // namespace
@@ -133,16 +133,51 @@ int dealloc_mw(Mw &mw)
 	return 0;
 }
 
+MwBind mw_bind_of(struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info &info)
+{
+	MwBind b;
+	b.device = Context::from(mw->context)->device->index;
+	b.mw_index = key_index(mw->rkey);
+	b.addr = info.addr;
+	b.length = info.length;
+	b.access = info.mw_access_flags;
+	b.rkey = rkey;
+	if (info.mr) {
+		const Mr &mr = *Mr::from(info.mr);
+		b.mr_key = mr.type == MrType::Null ? null_mr_key : mr.ibv.lkey;
+		b.mr_type = mr.type;
+		b.mr_path = mr.path;
+		b.mr_pdn = mr.pd ? mr.pd->pdn : 0;
+		b.mr_access = mr.access;
+		b.mr_iova = mr.iova;
+		b.mr_length = mr.length;
+		b.mr_addr = mr.addr;
+	}
+	return b;
+}
+
 std::optional<enum ibv_wc_status> bind_mw(const MwBind &b, uint32_t qp_pdn, uint32_t qpn)
 {
-	Mw &mw = *b.mw;
+	Registry &r = registry();
+	std::unique_lock registry_guard(r.lock, std::try_to_lock);
+	if (!registry_guard)
+		return std::nullopt;
+	auto it = r.windows.find(registry_key(b.device, b.mw_index));
+	if (it == r.windows.end())
+		return IBV_WC_MW_BIND_ERR; /* deallocated since the post */
+	Mw &mw = *it->second;
+	std::unique_lock guard(mw.lock, std::try_to_lock);
+	if (!guard)
+		return std::nullopt;
+	registry_guard.unlock();
 	const uint32_t pdn = mw.pd->pdn;
 	const bool type2 = mw.ibv.type == IBV_MW_TYPE_2;
 	if (pdn != qp_pdn || (b.length && !bind_allowed(b, pdn)))
 		return IBV_WC_MW_BIND_ERR;
-	std::unique_lock guard(mw.lock, std::try_to_lock);
-	if (!guard)
-		return std::nullopt;
+	/* The MR still registered as posted: checked under the window's
+	 * lock, after which its deregistration finds the window bound. */
+	if (b.length && mw.keys->live_key(key_index(b.mr_key)) != b.mr_key)
+		return IBV_WC_MW_BIND_ERR;
 	/* A type 2 window is bound from the free state only. */
 	if (type2 && b.length && mw.keys->live_key(mw.index))
 		return IBV_WC_MW_BIND_ERR;
@@ -150,21 +185,20 @@ std::optional<enum ibv_wc_status> bind_mw(const MwBind &b, uint32_t qp_pdn, uint
 		return std::nullopt;
 	if (!b.length)
 		return IBV_WC_SUCCESS; /* unbound: mlx5's free mkey */
-	const Mr &mr = *b.mr;
 	KeyEntry e{};
 	e.kind = KeyKind::Mw;
-	e.path = mr.path;
+	e.path = b.mr_path;
 	/* Remote access only; an ODP MR's window is reached as the MR is. */
-	e.access = (b.access & remote_access) | (mr.access & IBV_ACCESS_ON_DEMAND);
+	e.access = (b.access & remote_access) | (b.mr_access & IBV_ACCESS_ON_DEMAND);
 	e.pdn = pdn;
-	e.parent_key = mr.ibv.lkey;
+	e.parent_key = b.mr_key;
 	e.owner_pid = static_cast<int32_t>(getpid());
 	e.bound_qpn = type2 ? qpn : 0;
 	e.iova = (b.access & IBV_ACCESS_ZERO_BASED) ? 0 : b.addr;
 	e.length = b.length;
-	e.addr = mr.addr + (b.addr - mr.iova);
+	e.addr = b.mr_addr + (b.addr - b.mr_iova);
 	mw.key = mw.keys->publish(mw.index, e, key_variant(b.rkey));
-	mw.bound = &mr;
+	mw.bound_mr = key_index(b.mr_key);
 	return IBV_WC_SUCCESS;
 }
 
@@ -186,7 +220,7 @@ std::optional<enum ibv_wc_status> local_invalidate(const Device &dev, uint32_t r
 	/* Bound under that key: published, or withdrawn (by an earlier try
 	 * of this WR that found holds, or a peer's SEND_WITH_INV) and not
 	 * drained yet. */
-	if (mw.ibv.type != IBV_MW_TYPE_2 || mw.pd->pdn != qp_pdn || !mw.bound || mw.key != rkey)
+	if (mw.ibv.type != IBV_MW_TYPE_2 || mw.pd->pdn != qp_pdn || !mw.bound_mr || mw.key != rkey)
 		return IBV_WC_LOC_QP_OP_ERR;
 	if (!try_drain(mw))
 		return std::nullopt;
@@ -199,7 +233,7 @@ void unbind_windows_of(const Mr &mr)
 	std::lock_guard registry_guard(r.lock);
 	for (auto &[key, mw] : r.windows) {
 		std::lock_guard guard(mw->lock);
-		if (mw->bound == &mr)
+		if (mw->keys == mr.keys && mw->bound_mr == mr.index)
 			drain(*mw);
 	}
 }

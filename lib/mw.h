@@ -55,8 +55,8 @@ struct Mw {
 	 * may remain (bound, or withdrawn by a peer's SEND_WITH_INV and not
 	 * drained yet); nullptr once drained. */
 	std::mutex lock;
-	const Mr *bound = nullptr;
-	uint32_t key = 0; /* the key that binding was published under */
+	uint32_t bound_mr = 0; /* that MR's key-table slot; 0: none */
+	uint32_t key = 0;      /* the key that binding was published under */
 
 	struct ibv_mw *abi() { return &ibv; }
 	static Mw *from(struct ibv_mw *mw) { return reinterpret_cast<Mw *>(mw); }
@@ -68,14 +68,26 @@ Result<Mw> alloc_mw(Context &ctx, Pd &pd, int type);
 /* ibv_dealloc_mw(): unbinds (waiting for the holds) and frees the slot. */
 int dealloc_mw(Mw &mw);
 
-/* A BIND_MW WR as posted (ibv_send_wr::bind_mw). */
+/* A BIND_MW WR as posted (ibv_send_wr::bind_mw), by value: the window
+ * and the MR may be gone by the time a queued bind executes (an
+ * application's mistake, which must fail the bind, not crash it): the
+ * window is looked up again by its slot, the MR known by its key. */
 struct MwBind {
-	Mw *mw = nullptr;
-	Mr *mr = nullptr;
+	uint32_t device = 0;
+	uint32_t mw_index = 0;  /* the window's slot (its rkey's index) */
 	uint64_t addr = 0, length = 0;
-	uint32_t access = 0; /* mw_access_flags */
-	uint32_t rkey = 0;   /* its low 8 bits: the new key's variant */
+	uint32_t access = 0;    /* mw_access_flags */
+	uint32_t rkey = 0;      /* its low 8 bits: the new key's variant */
+	/* The MR at post; mr_key 0: none. */
+	uint32_t mr_key = 0;
+	MrType mr_type = MrType::User;
+	MemPath mr_path = MemPath::Cma;
+	uint32_t mr_pdn = 0, mr_access = 0;
+	uint64_t mr_iova = 0, mr_length = 0, mr_addr = 0;
 };
+/* The MwBind of a bind of `mw` over `info` (both the application's, of
+ * this context: checked by the caller). */
+MwBind mw_bind_of(struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info &info);
 
 /* The execution of a bind posted on QP `qpn` of PD `qp_pdn`: SUCCESS, or
  * MW_BIND_ERR (the window of another PD; an MR that is not a user MR of
@@ -89,8 +101,10 @@ std::optional<enum ibv_wc_status> bind_mw(const MwBind &b, uint32_t qp_pdn, uint
  * nullopt: not now. */
 std::optional<enum ibv_wc_status> local_invalidate(const Device &dev, uint32_t rkey,
 						   uint32_t qp_pdn);
-/* Before an MR's translation goes (dereg, rereg): every window bound to it
- * is unbound, its holds drained. */
+/* Before an MR's translation goes (dereg, rereg), after its key was
+ * withdrawn: every window bound to it is unbound, its holds drained. (A
+ * bind checks the MR's key under the window's lock: it either fails or
+ * is found here.) */
 void unbind_windows_of(const Mr &mr);
 
 } // namespace shmverbs

@@ -214,8 +214,7 @@ void wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
 		latch(*batch_of(q), EOPNOTSUPP);
 		return;
 	}
-	w->bind = {Mw::from(mw), info->mr ? Mr::from(info->mr) : nullptr, info->addr,
-		   info->length, info->mw_access_flags, rkey};
+	w->bind = mw_bind_of(mw, rkey, *info);
 }
 
 /* ---- Setters ---- */

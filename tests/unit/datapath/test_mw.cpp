@@ -438,3 +438,38 @@ TEST_CASE("memory windows: a UD QP takes no BIND_MW", "[mw]")
 	CHECK(post_bind(p, mw, mw->rkey, window_info(p, p.a.mr)) == EINVAL);
 	CHECK(ibv_dealloc_mw(mw) == 0);
 }
+
+/* A bind queued behind an RNR wait executes after the application freed
+ * what it names: the bind fails (MW_BIND_ERR), nothing crashes. */
+TEST_CASE("memory windows: a queued bind whose window or MR is gone by then fails", "[mw]")
+{
+	Pair p(mw_options());
+	p.connect();
+	auto *m = new BindableMr(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+	REQUIRE(mw);
+	/* b has no receive posted: a's SEND waits for RNR, the bind behind it. */
+	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0);
+	REQUIRE(post_bind(p, mw, ibv_inc_rkey(mw->rkey), window_info(p, m->mr), 2) == 0);
+	SECTION("the window deallocated")
+	{
+		REQUIRE(ibv_dealloc_mw(mw) == 0);
+		mw = nullptr;
+	}
+	SECTION("the MR deregistered")
+	{
+		delete m;
+		m = nullptr;
+	}
+	REQUIRE(Pair::post_recv(p.b, 3, 0, 64) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 1);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 2);
+	CHECK(wc.status == IBV_WC_MW_BIND_ERR);
+	delete m;
+	if (mw)
+		CHECK(ibv_dealloc_mw(mw) == 0);
+}
