@@ -919,6 +919,12 @@ int move_ring(Cq &cq, uint32_t capacity)
 	for (uint64_t i = n; i < cons + capacity; i++)
 		to.at(i)->state.store(shm::cq_slot_free | shm::cq_slot_tag(i, lg),
 				      std::memory_order_relaxed);
+	/* Every slot of the old array moved, the copied ones and a dead
+	 * producer's claim too: a producer still holding the old word fails
+	 * there and looks at the word again, whatever index it tries (a
+	 * copied slot would read as taken in an earlier lap: "full"). */
+	for (uint64_t i = cons; i < cons + from.capacity(); i++)
+		from.at(i)->state.store(shm::cq_slot_moved, std::memory_order_relaxed);
 	ring.prod.store(n, std::memory_order_relaxed);
 	/* Producers waiting on the moved slots, and those to come, claim
 	 * from here on. Release: the slots above are set first. */
@@ -1233,7 +1239,8 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint64_t word, uint64_t pid, uint64_
 		 * below the capacity (the consumer frees a slot before cons
 		 * passes it): only a corrupt ring has one, and it is full. */
 		if (slot_for(st, p, lg) == SlotFor::Earlier) {
-			err = ENOSPC;
+			/* As above: an array the ring has left is not full. */
+			err = ring.array.load(std::memory_order_acquire) != word ? EAGAIN : ENOSPC;
 			return nullptr;
 		}
 		p++;
@@ -1244,7 +1251,10 @@ bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p)
 {
 	/* The owner holds the slots moved only while it waits for claims
 	 * that won before it and copies what is published: microseconds,
-	 * unless it loses its CPU; then give it ours. */
+	 * unless it loses its CPU (then give it ours) or a claim stays
+	 * unpublished, which it waits a second for before it gives up and
+	 * frees the slots again (close_array()). Well beyond that: only an
+	 * owner that died mid-resize leaves the slots moved for good. */
 	const shm::CqEntry *e = ring_array(ring, word).at(p);
 	uint64_t deadline = 0;
 	for (unsigned round = 0;; round++) {
@@ -1258,7 +1268,7 @@ bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p)
 		}
 		const uint64_t now = monotonic_ns();
 		if (!deadline)
-			deadline = now + 1000000000ull;
+			deadline = now + 10000000000ull;
 		else if (now > deadline)
 			return false;
 		sched_yield();

@@ -78,7 +78,7 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint64_t word, uint64_t pid, uint64_
 			 int &err);
 /* After a claim found slot `p` of the array `word` moved: waits until the
  * ring names another array or the slot is free again (a resize that gave
- * up). false: neither within a second (the owner died mid-resize). */
+ * up). false: neither within 10 s (the owner died mid-resize). */
 bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p);
 /* The publication for a ring whose CQ has a channel: the arm looked at
  * before and after the seq_cst store of `ready`, the token written by the

@@ -67,18 +67,18 @@ bool try_drain(Mw &mw)
 constexpr uint32_t remote_access =
 	IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 
-/* What the HCA checks of a bind with a range (bind_mw()'s list), but the
- * MR's being registered still. */
-bool bind_allowed(const MwBind &b, uint32_t mw_pdn)
+/* What the HCA checks of a bind with a range (bind_mw()'s list), against
+ * the MR as it is registered now (`mr`, its held key's entry). */
+bool bind_allowed(const MwBind &b, const KeyEntry &mr, uint32_t mw_pdn)
 {
-	if (!b.mr_key || b.mr_type != MrType::User || b.mr_pdn != mw_pdn ||
-	    !(b.mr_access & IBV_ACCESS_MW_BIND))
+	if (b.mr_type != MrType::User || mr.kind != KeyKind::Mr || mr.pdn != mw_pdn ||
+	    !(mr.access & IBV_ACCESS_MW_BIND))
 		return false;
-	if (b.addr < b.mr_iova || b.addr - b.mr_iova > b.mr_length ||
-	    b.length > b.mr_length - (b.addr - b.mr_iova))
+	if (b.addr < mr.iova || b.addr - mr.iova > mr.length ||
+	    b.length > mr.length - (b.addr - mr.iova))
 		return false;
 	return !(b.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) ||
-	       (b.mr_access & IBV_ACCESS_LOCAL_WRITE);
+	       (mr.access & IBV_ACCESS_LOCAL_WRITE);
 }
 
 } // namespace
@@ -117,15 +117,15 @@ Result<Mw> alloc_mw(Context &ctx, Pd &pd, int type)
 
 int dealloc_mw(Mw &mw)
 {
+	/* Drained before it leaves the registry, both under its lock: until
+	 * then a deregistration of its MR finds it (unbind_windows_of()), and
+	 * a send queue only tries the lock (its bind or LOCAL_INV waits). */
 	Registry &r = registry();
 	{
-		std::lock_guard guard(r.lock);
-		r.windows.erase(registry_key(device_of(mw), mw.index));
-	}
-	{
-		/* Waits for a LOCAL_INV that found it before the erase. */
+		std::lock_guard registry_guard(r.lock);
 		std::lock_guard guard(mw.lock);
 		drain(mw);
+		r.windows.erase(registry_key(device_of(mw), mw.index));
 	}
 	mw.keys->release(mw.index, true);
 	mw.pd->uses.put();
@@ -146,12 +146,6 @@ MwBind mw_bind_of(struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_inf
 		const Mr &mr = *Mr::from(info.mr);
 		b.mr_key = mr.type == MrType::Null ? null_mr_key : mr.ibv.lkey;
 		b.mr_type = mr.type;
-		b.mr_path = mr.path;
-		b.mr_pdn = mr.pd ? mr.pd->pdn : 0;
-		b.mr_access = mr.access;
-		b.mr_iova = mr.iova;
-		b.mr_length = mr.length;
-		b.mr_addr = mr.addr;
 	}
 	return b;
 }
@@ -172,12 +166,18 @@ std::optional<enum ibv_wc_status> bind_mw(const MwBind &b, uint32_t qp_pdn, uint
 	registry_guard.unlock();
 	const uint32_t pdn = mw.pd->pdn;
 	const bool type2 = mw.ibv.type == IBV_MW_TYPE_2;
-	if (pdn != qp_pdn || (b.length && !bind_allowed(b, pdn)))
+	if (pdn != qp_pdn)
 		return IBV_WC_MW_BIND_ERR;
-	/* The MR still registered as posted: checked under the window's
-	 * lock, after which its deregistration finds the window bound. */
-	if (b.length && mw.keys->live_key(key_index(b.mr_key)) != b.mr_key)
-		return IBV_WC_MW_BIND_ERR;
+	/* The MR as registered now, held while the window is published over
+	 * it: a deregistration or an ibv_rereg_mr withdraws the key and waits
+	 * for this hold, then finds the window bound (unbind_windows_of()).
+	 * Gone, or of another key since the post: the bind fails. */
+	KeyRef mr;
+	if (b.length) {
+		mr = b.mr_key ? mw.keys->acquire(b.mr_key) : KeyRef();
+		if (!mr || !bind_allowed(b, *mr, pdn))
+			return IBV_WC_MW_BIND_ERR;
+	}
 	/* A type 2 window is bound from the free state only. */
 	if (type2 && b.length && mw.keys->live_key(mw.index))
 		return IBV_WC_MW_BIND_ERR;
@@ -187,16 +187,16 @@ std::optional<enum ibv_wc_status> bind_mw(const MwBind &b, uint32_t qp_pdn, uint
 		return IBV_WC_SUCCESS; /* unbound: mlx5's free mkey */
 	KeyEntry e{};
 	e.kind = KeyKind::Mw;
-	e.path = b.mr_path;
+	e.path = mr->path;
 	/* Remote access only; an ODP MR's window is reached as the MR is. */
-	e.access = (b.access & remote_access) | (b.mr_access & IBV_ACCESS_ON_DEMAND);
+	e.access = (b.access & remote_access) | (mr->access & IBV_ACCESS_ON_DEMAND);
 	e.pdn = pdn;
 	e.parent_key = b.mr_key;
 	e.owner_pid = static_cast<int32_t>(getpid());
 	e.bound_qpn = type2 ? qpn : 0;
 	e.iova = (b.access & IBV_ACCESS_ZERO_BASED) ? 0 : b.addr;
 	e.length = b.length;
-	e.addr = b.mr_addr + (b.addr - b.mr_iova);
+	e.addr = mr->addr + (b.addr - mr->iova);
 	mw.key = mw.keys->publish(mw.index, e, key_variant(b.rkey));
 	mw.bound_mr = key_index(b.mr_key);
 	return IBV_WC_SUCCESS;

@@ -69,21 +69,19 @@ Result<Mw> alloc_mw(Context &ctx, Pd &pd, int type);
 int dealloc_mw(Mw &mw);
 
 /* A BIND_MW WR as posted (ibv_send_wr::bind_mw), by value: the window
- * and the MR may be gone by the time a queued bind executes (an
- * application's mistake, which must fail the bind, not crash it): the
- * window is looked up again by its slot, the MR known by its key. */
+ * and the MR may be gone or changed by the time a queued bind executes
+ * (an application's mistake, which must fail the bind, not crash it): the
+ * window is looked up again by its slot, the MR by its key. */
 struct MwBind {
 	uint32_t device = 0;
 	uint32_t mw_index = 0;  /* the window's slot (its rkey's index) */
 	uint64_t addr = 0, length = 0;
 	uint32_t access = 0;    /* mw_access_flags */
 	uint32_t rkey = 0;      /* its low 8 bits: the new key's variant */
-	/* The MR at post; mr_key 0: none. */
+	/* The MR's key at post (0: none; the rest is read from its entry at
+	 * execution) and its type, which never changes. */
 	uint32_t mr_key = 0;
 	MrType mr_type = MrType::User;
-	MemPath mr_path = MemPath::Cma;
-	uint32_t mr_pdn = 0, mr_access = 0;
-	uint64_t mr_iova = 0, mr_length = 0, mr_addr = 0;
 };
 /* The MwBind of a bind of `mw` over `info` (both the application's, of
  * this context: checked by the caller). */

@@ -473,3 +473,40 @@ TEST_CASE("memory windows: a queued bind whose window or MR is gone by then fail
 	if (mw)
 		CHECK(ibv_dealloc_mw(mw) == 0);
 }
+
+/* A bind queued behind an RNR wait executes against its MR as registered
+ * then: ibv_rereg_mr meanwhile (same key) to another PD, or without
+ * IBV_ACCESS_MW_BIND, fails it. */
+TEST_CASE("memory windows: a queued bind sees its MR as rereg_mr left it", "[mw]")
+{
+	Pair p(mw_options());
+	p.connect();
+	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+	struct ibv_pd *other = ibv_alloc_pd(p.ctx);
+	REQUIRE((mw && other));
+	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0); /* RNR: b posted no receive */
+	const uint32_t key = ibv_inc_rkey(mw->rkey);
+	REQUIRE(post_bind(p, mw, key, window_info(p, m.mr), 2) == 0);
+	const uint32_t mr_key = m.mr->lkey;
+	SECTION("to another PD")
+	{
+		REQUIRE(ibv_rereg_mr(m.mr, IBV_REREG_MR_CHANGE_PD, other, nullptr, 0, 0) == 0);
+	}
+	SECTION("without MW_BIND")
+	{
+		REQUIRE(ibv_rereg_mr(m.mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+				     IBV_ACCESS_LOCAL_WRITE) == 0);
+	}
+	CHECK(m.mr->lkey == mr_key);
+	REQUIRE(Pair::post_recv(p.b, 3, 0, 64) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 1);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 2);
+	CHECK(wc.status == IBV_WC_MW_BIND_ERR);
+	REQUIRE(ibv_rereg_mr(m.mr, IBV_REREG_MR_CHANGE_PD, p.pd, nullptr, 0, 0) == 0);
+	CHECK(ibv_dealloc_mw(mw) == 0);
+	CHECK(ibv_dealloc_pd(other) == 0);
+}

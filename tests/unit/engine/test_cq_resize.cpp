@@ -167,3 +167,33 @@ TEST_CASE("CQ resize: a peer's array outside its mapping is never used", "[cqres
 	ring.array.store(good);
 	CHECK(c.poll_all() == std::vector<uint64_t>{1});
 }
+
+/* A producer that loaded the array word before a resize and claims only
+ * after the consumer went on in the new array: whatever index it tries in
+ * the old array (here one whose slot held a copied entry, which would read
+ * as taken in an earlier lap: "full") sends it back to the word, never to
+ * an overrun. */
+TEST_CASE("CQ resize: a producer still holding the old array is sent to the new one",
+	  "[cqresize]")
+{
+	OneCq c(3);
+	REQUIRE(c.produce(1) == 0);
+	REQUIRE(c.produce(2) == 0);
+	shm::CqRing &ring = *c.cq->ring;
+	CqTarget stale = own_cq_target(ring);
+	REQUIRE(cq_detail::adopt_array(stale, ring.array.load()));
+	REQUIRE(resize_cq(*c.cq, 100) == 0);
+	for (uint64_t i = 3; i < 13; i++)
+		REQUIRE(c.produce(i) == 0);
+	CHECK(c.poll_all().size() == 12);
+	uint64_t p = ring.prod.load(), tag = 0;
+	int err = 0;
+	CHECK(cq_detail::claim_slow(ring, stale.array, getpid(), ring.cons.load(), p, tag, nullptr,
+				    nullptr, err) == nullptr);
+	CHECK(err == EAGAIN);
+	/* The whole produce() with that view: into the new array. */
+	REQUIRE(OneCq::produce_into(stale, 13) == 0);
+	CHECK(stale.array == ring.array.load());
+	CHECK(c.poll_all() == std::vector<uint64_t>{13});
+	CHECK(ring.overrun.load() == 0);
+}
