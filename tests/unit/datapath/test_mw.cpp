@@ -52,6 +52,35 @@ struct ibv_mw_bind_info window_info(Pair &p, struct ibv_mr *mr,
 	return b;
 }
 
+/* A connected pair, side a's buffer registered again for windows, and a
+ * window of type `Type` of the pair's PD. */
+template <enum ibv_mw_type Type>
+struct Windowed {
+	Pair p{mw_options()};
+	BindableMr m{p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND};
+	struct ibv_mw *mw = ibv_alloc_mw(p.pd, Type);
+
+	Windowed()
+	{
+		p.connect();
+		REQUIRE(mw);
+	}
+	~Windowed()
+	{
+		if (mw)
+			ibv_dealloc_mw(mw);
+	}
+	/* The test's own ibv_dealloc_mw(): true when it succeeded. */
+	bool dealloc()
+	{
+		const int err = ibv_dealloc_mw(mw);
+		mw = nullptr;
+		return err == 0;
+	}
+};
+using Type1 = Windowed<IBV_MW_TYPE_1>;
+using Type2 = Windowed<IBV_MW_TYPE_2>;
+
 /* A signaled BIND_MW of type 2 window `mw` on side a's QP: post's errno. */
 int post_bind(Pair &p, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info &info,
 	      uint64_t wr_id = 50)
@@ -157,13 +186,9 @@ TEST_CASE("memory windows: allocation and its errnos", "[mw]")
 	CHECK(ibv_dealloc_mw(w2) == 0);
 }
 
-TEST_CASE("memory windows: type 1 bound by ibv_bind_mw gives access to its range only", "[mw]")
+TEST_CASE_METHOD(Type1, "memory windows: type 1 bound by ibv_bind_mw gives access to its range only",
+		 "[mw]")
 {
-	Pair p(mw_options());
-	p.connect();
-	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_1);
-	REQUIRE(mw);
 	const uint32_t before = mw->rkey;
 	struct ibv_mw_bind bind{};
 	bind.wr_id = 11;
@@ -228,8 +253,7 @@ TEST_CASE("memory windows: type 1 bound by ibv_bind_mw gives access to its range
 	SECTION("deallocated: its key reaches nothing")
 	{
 		const uint32_t key = mw->rkey;
-		REQUIRE(ibv_dealloc_mw(mw) == 0);
-		mw = nullptr;
+		REQUIRE(dealloc());
 		CHECK(b_access(p, IBV_WR_RDMA_WRITE, key, p.a.addr(window_off)) ==
 		      IBV_WC_REM_ACCESS_ERR);
 	}
@@ -243,7 +267,7 @@ TEST_CASE("memory windows: type 1 bound by ibv_bind_mw gives access to its range
 		      IBV_WC_REM_ACCESS_ERR);
 	}
 	if (mw)
-		CHECK(ibv_dealloc_mw(mw) == 0);
+		CHECK(dealloc());
 }
 
 TEST_CASE("memory windows: ibv_bind_mw's own errnos", "[mw]")
@@ -273,14 +297,10 @@ TEST_CASE("memory windows: ibv_bind_mw's own errnos", "[mw]")
 	CHECK(ibv_dealloc_mw(w2) == 0);
 }
 
-TEST_CASE("memory windows: type 2 by BIND_MW, ended by LOCAL_INV or a peer's SEND_WITH_INV",
-	  "[mw]")
+TEST_CASE_METHOD(Type2,
+		 "memory windows: type 2 by BIND_MW, ended by LOCAL_INV or a peer's SEND_WITH_INV",
+		 "[mw]")
 {
-	Pair p(mw_options());
-	p.connect();
-	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
-	REQUIRE(mw);
 	const uint32_t key = bound_type2(p, mw, m.mr);
 	std::memcpy(p.b.at(0), "type-two", 8);
 	CHECK(b_access(p, IBV_WR_RDMA_WRITE, key, p.a.addr(window_off)) == IBV_WC_SUCCESS);
@@ -349,7 +369,7 @@ TEST_CASE("memory windows: type 2 by BIND_MW, ended by LOCAL_INV or a peer's SEN
 		CHECK(b_access(p, IBV_WR_RDMA_WRITE, next, p.a.addr(window_off)) ==
 		      IBV_WC_REM_ACCESS_ERR);
 	}
-	CHECK(ibv_dealloc_mw(mw) == 0);
+	CHECK(dealloc());
 }
 
 TEST_CASE("memory windows: what the HCA refuses at execution is MW_BIND_ERR, the QP in ERR",
@@ -409,13 +429,8 @@ TEST_CASE("memory windows: what the HCA refuses at execution is MW_BIND_ERR, the
 	CHECK(ibv_dealloc_mw(mw) == 0);
 }
 
-TEST_CASE("memory windows: BIND_MW's errnos at post", "[mw]")
+TEST_CASE_METHOD(Type2, "memory windows: BIND_MW's errnos at post", "[mw]")
 {
-	Pair p(mw_options());
-	p.connect();
-	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
-	REQUIRE(mw);
 	struct ibv_mw_bind_info info = window_info(p, m.mr);
 	CHECK(post_bind(p, nullptr, mw->rkey, info) == EINVAL);
 	info.length = (1ull << 31) + 1;
@@ -424,7 +439,7 @@ TEST_CASE("memory windows: BIND_MW's errnos at post", "[mw]")
 	ibv_wr_start(p.a.qpx);
 	ibv_wr_bind_mw(p.a.qpx, mw, mw->rkey, &info);
 	CHECK(ibv_wr_complete(p.a.qpx) == EOPNOTSUPP);
-	CHECK(ibv_dealloc_mw(mw) == 0);
+	CHECK(dealloc());
 }
 
 TEST_CASE("memory windows: a UD QP takes no BIND_MW", "[mw]")
@@ -477,14 +492,10 @@ TEST_CASE("memory windows: a queued bind whose window or MR is gone by then fail
 /* A bind queued behind an RNR wait executes against its MR as registered
  * then: ibv_rereg_mr meanwhile (same key) to another PD, or without
  * IBV_ACCESS_MW_BIND, fails it. */
-TEST_CASE("memory windows: a queued bind sees its MR as rereg_mr left it", "[mw]")
+TEST_CASE_METHOD(Type2, "memory windows: a queued bind sees its MR as rereg_mr left it", "[mw]")
 {
-	Pair p(mw_options());
-	p.connect();
-	BindableMr m(p, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
 	struct ibv_pd *other = ibv_alloc_pd(p.ctx);
-	REQUIRE((mw && other));
+	REQUIRE(other);
 	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0); /* RNR: b posted no receive */
 	const uint32_t key = ibv_inc_rkey(mw->rkey);
 	REQUIRE(post_bind(p, mw, key, window_info(p, m.mr), 2) == 0);
@@ -507,6 +518,6 @@ TEST_CASE("memory windows: a queued bind sees its MR as rereg_mr left it", "[mw]
 	CHECK(wc.wr_id == 2);
 	CHECK(wc.status == IBV_WC_MW_BIND_ERR);
 	REQUIRE(ibv_rereg_mr(m.mr, IBV_REREG_MR_CHANGE_PD, p.pd, nullptr, 0, 0) == 0);
-	CHECK(ibv_dealloc_mw(mw) == 0);
+	CHECK(dealloc());
 	CHECK(ibv_dealloc_pd(other) == 0);
 }
