@@ -872,6 +872,7 @@ bool close_array(Cq &cq, const RingArray &a)
 						moved, shm::cq_slot_free | shm::cq_slot_tag(j, a.lg),
 						std::memory_order_acq_rel);
 				}
+				ring.moves_abandoned.fetch_add(1, std::memory_order_release);
 				return false;
 			}
 			struct timespec ts = {0, 20000};
@@ -1257,11 +1258,21 @@ bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p)
 	 * owner that died mid-resize leaves the slots moved for good. */
 	const shm::CqEntry *e = ring_array(ring, word).at(p);
 	uint64_t deadline = 0;
+	/* A resize that gave up (and maybe one retried at once, closing the
+	 * slot again before we saw it free) is no owner stuck mid-resize:
+	 * the wait starts over. */
+	uint32_t abandoned = ring.moves_abandoned.load(std::memory_order_acquire);
 	for (unsigned round = 0;; round++) {
 		if (ring.array.load(std::memory_order_acquire) != word ||
 		    (e->state.load(std::memory_order_acquire) & shm::cq_slot_kind_mask) !=
 			    shm::cq_slot_moved)
 			return true;
+		if (const uint32_t now_abandoned =
+			    ring.moves_abandoned.load(std::memory_order_acquire);
+		    now_abandoned != abandoned) {
+			abandoned = now_abandoned;
+			deadline = 0;
+		}
 		if (round < 64) {
 			cpu_relax();
 			continue;

@@ -138,6 +138,7 @@ MwBind mw_bind_of(struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_inf
 	MwBind b;
 	b.device = Context::from(mw->context)->device->index;
 	b.mw_index = key_index(mw->rkey);
+	b.mw_handle = mw->handle;
 	b.addr = info.addr;
 	b.length = info.length;
 	b.access = info.mw_access_flags;
@@ -157,7 +158,7 @@ std::optional<enum ibv_wc_status> bind_mw(const MwBind &b, uint32_t qp_pdn, uint
 	if (!registry_guard)
 		return std::nullopt;
 	auto it = r.windows.find(registry_key(b.device, b.mw_index));
-	if (it == r.windows.end())
+	if (it == r.windows.end() || it->second->ibv.handle != b.mw_handle)
 		return IBV_WC_MW_BIND_ERR; /* deallocated since the post */
 	Mw &mw = *it->second;
 	std::unique_lock guard(mw.lock, std::try_to_lock);

@@ -75,6 +75,7 @@ int dealloc_mw(Mw &mw);
 struct MwBind {
 	uint32_t device = 0;
 	uint32_t mw_index = 0;  /* the window's slot (its rkey's index) */
+	uint32_t mw_handle = 0; /* which window of that slot (slots are reused) */
 	uint64_t addr = 0, length = 0;
 	uint32_t access = 0;    /* mw_access_flags */
 	uint32_t rkey = 0;      /* its low 8 bits: the new key's variant */

@@ -25,7 +25,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 8;
+constexpr uint32_t shm_version = 9;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -337,7 +337,10 @@ struct CqRing {
 	 * producers stamp each entry; 0: they skip the clock read. Written by
 	 * the owner before the ring is used. */
 	uint32_t timestamps;
-	uint32_t reserved;
+	/* Resizes that gave up and freed the slots they had closed: a
+	 * producer waiting on a moved slot starts its wait over when this
+	 * moves (lib/cq.cpp wait_moved). */
+	std::atomic<uint32_t> moves_abandoned;
 	/* The slot array (cq_array_word()): right after the header at first
 	 * (cq_slots_offset), elsewhere in the owner's segment once a resize
 	 * outgrew it. The header never moves, so producers that found it

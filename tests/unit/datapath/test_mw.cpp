@@ -521,3 +521,42 @@ TEST_CASE_METHOD(Type2, "memory windows: a queued bind sees its MR as rereg_mr l
 	CHECK(dealloc());
 	CHECK(ibv_dealloc_pd(other) == 0);
 }
+
+/* Slots are reused (after 256 others were freed): a bind queued for a
+ * window deallocated since fails, and does not bind the window that took
+ * its slot. */
+TEST_CASE_METHOD(Type2, "memory windows: a queued bind never binds the window that reused the slot",
+		 "[mw]")
+{
+	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0); /* RNR: b posted no receive */
+	REQUIRE(post_bind(p, mw, ibv_inc_rkey(mw->rkey), window_info(p, m.mr), 2) == 0);
+	const uint32_t slot = mw->rkey >> 8;
+	REQUIRE(dealloc());
+	std::vector<struct ibv_mw *> others(300);
+	for (struct ibv_mw *&w : others) {
+		w = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+		REQUIRE(w);
+	}
+	for (struct ibv_mw *w : others)
+		REQUIRE(ibv_dealloc_mw(w) == 0);
+	/* The freed slots are taken oldest first: those freed before ours
+	 * (by earlier tests of this process), then ours. */
+	others.clear();
+	for (int i = 0; i < 5000 && (!mw || (mw->rkey >> 8) != slot); i++) {
+		if (mw)
+			others.push_back(mw);
+		mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+		REQUIRE(mw);
+	}
+	REQUIRE((mw->rkey >> 8) == slot);
+	REQUIRE(Pair::post_recv(p.b, 3, 0, 64) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 1);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 2);
+	CHECK(wc.status == IBV_WC_MW_BIND_ERR); /* not SUCCESS over the new window */
+	CHECK(dealloc());
+	for (struct ibv_mw *w : others)
+		CHECK(ibv_dealloc_mw(w) == 0);
+}
