@@ -37,6 +37,9 @@ TIMEOUT = 60
 # side, and on a loaded 2-CPU machine one of those can fail. That says
 # nothing of the emulation, so such a pair runs again, up to PAIR_RUNS times.
 CALIBRATION_FAILURE = "Can't produce a report"
+# The other side of such a run, when the one that gave up left before the
+# final exchange of results: what perftest prints then.
+PEER_LEFT = "Failed to exchange data between server and clients"
 PAIR_RUNS = 3
 
 
@@ -118,12 +121,14 @@ class PairRun:
         self.error = None  # a time-out
 
     def calibration_failed(self):
-        """Every side that failed gave up on perftest's clock calibration."""
+        """A side that failed gave up on perftest's clock calibration, and
+        the other, if it failed, gave up on it too or only lost its peer."""
         failed = [out for rc, out in [(self.server_rc, self.server_out),
                                       (self.client_rc, self.client_outs[-1] if self.client_outs else "")]
                   if rc != 0]
-        return not self.error and not self.reports() and failed and \
-            all(CALIBRATION_FAILURE in out for out in failed)
+        return not self.error and not self.reports() and \
+            any(CALIBRATION_FAILURE in out for out in failed) and \
+            all(CALIBRATION_FAILURE in out or PEER_LEFT in out for out in failed)
 
     def reports(self):
         return [("server", r) for r in sanitizer_reports(self.server_out)] + \

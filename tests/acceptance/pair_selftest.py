@@ -53,6 +53,12 @@ if calib:
             f.write("x")
     time.sleep(0.3)  # the client reads the count after the server wrote it
     if len(open(calib).read()) <= int(os.environ["FAKE_CALIBRATION_FAILS"]):
+        # FAKE_CALIBRATION_SIDE: only that side's calibration fails; the
+        # other loses it before the final exchange.
+        only = os.environ.get("FAKE_CALIBRATION_SIDE")
+        if only and only != side:
+            print(" Failed to exchange data between server and clients")
+            sys.exit(1)
         print("Correlation coefficient r^2: 0.838754 < 0.9")
         print("Can't produce a report")
         sys.exit(1)
@@ -134,18 +140,21 @@ def main():
         for name, fails, extra, want, pair_runs in [
                 ("calibration failed once", 1, {}, 0, 2),
                 ("calibration failed every time", 9, {}, 1, 3),
+                ("calibration failed on the client, the server lost it", 1,
+                 {"FAKE_CALIBRATION_SIDE": "client"}, 0, 2),
                 ("calibration failed beside a sanitizer report", 1,
                  {"FAKE_REPORT_SIDE": "client", "FAKE_REPORT": "runtime error: shift"}, 1, 1)]:
             calib = os.path.join(tmp, name.replace(" ", "-"))
             env = dict(os.environ, FAKE_CALIBRATION_RUNS=calib,
                        FAKE_CALIBRATION_FAILS=str(fails), **extra)
-            if not extra:
+            if "FAKE_REPORT" not in extra:
                 env.pop("FAKE_REPORT_SIDE", None)
             r = run_counted(name, env, want, calib, "pair", pair_runs)
             if pair_runs > 1:
+                sides = 1 if "FAKE_CALIBRATION_SIDE" in extra else 2
                 check.check(f"{name}: every run's output is shown",
-                            r.stdout.count("Can't produce a report") >= 2 * min(fails, pair_runs),
-                            r.stdout)
+                            r.stdout.count("Can't produce a report") >=
+                            sides * min(fails, pair_runs), r.stdout)
     check.finish()
 
 
