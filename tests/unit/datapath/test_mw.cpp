@@ -128,6 +128,28 @@ enum ibv_wc_status b_access(Pair &p, enum ibv_wr_opcode op, uint32_t rkey, uint6
 	return wc.status;
 }
 
+/* A bind that waits in a's send queue: a's SEND (wr_id 1) waits for RNR,
+ * b having posted no receive, and the BIND_MW of `mw` over `mr` (wr_id 2)
+ * behind it; it executes once release_queued_bind() lets the SEND go. */
+void queue_bind(Pair &p, struct ibv_mw *mw, struct ibv_mr *mr)
+{
+	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0);
+	REQUIRE(post_bind(p, mw, ibv_inc_rkey(mw->rkey), window_info(p, mr), 2) == 0);
+}
+
+/* b posts a receive: the SEND completes, then the bind; the bind's status. */
+enum ibv_wc_status release_queued_bind(Pair &p)
+{
+	REQUIRE(Pair::post_recv(p.b, 3, 0, 64) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 1);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 2);
+	return wc.status;
+}
+
 /* A type 2 window of side a bound (on a's QP) over the window range with
  * key variant 0x42; its key. */
 uint32_t bound_type2(Pair &p, struct ibv_mw *mw, struct ibv_mr *mr)
@@ -464,8 +486,7 @@ TEST_CASE("memory windows: a queued bind whose window or MR is gone by then fail
 	struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
 	REQUIRE(mw);
 	/* b has no receive posted: a's SEND waits for RNR, the bind behind it. */
-	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0);
-	REQUIRE(post_bind(p, mw, ibv_inc_rkey(mw->rkey), window_info(p, m->mr), 2) == 0);
+	queue_bind(p, mw, m->mr);
 	SECTION("the window deallocated")
 	{
 		REQUIRE(ibv_dealloc_mw(mw) == 0);
@@ -476,14 +497,7 @@ TEST_CASE("memory windows: a queued bind whose window or MR is gone by then fail
 		delete m;
 		m = nullptr;
 	}
-	REQUIRE(Pair::post_recv(p.b, 3, 0, 64) == 0);
-	struct ibv_wc wc{};
-	REQUIRE(Pair::wait_wc(p.a, wc));
-	CHECK(wc.wr_id == 1);
-	CHECK(wc.status == IBV_WC_SUCCESS);
-	REQUIRE(Pair::wait_wc(p.a, wc));
-	CHECK(wc.wr_id == 2);
-	CHECK(wc.status == IBV_WC_MW_BIND_ERR);
+	CHECK(release_queued_bind(p) == IBV_WC_MW_BIND_ERR);
 	delete m;
 	if (mw)
 		CHECK(ibv_dealloc_mw(mw) == 0);
@@ -496,9 +510,7 @@ TEST_CASE_METHOD(Type2, "memory windows: a queued bind sees its MR as rereg_mr l
 {
 	struct ibv_pd *other = ibv_alloc_pd(p.ctx);
 	REQUIRE(other);
-	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0); /* RNR: b posted no receive */
-	const uint32_t key = ibv_inc_rkey(mw->rkey);
-	REQUIRE(post_bind(p, mw, key, window_info(p, m.mr), 2) == 0);
+	queue_bind(p, mw, m.mr);
 	const uint32_t mr_key = m.mr->lkey;
 	SECTION("to another PD")
 	{
@@ -510,13 +522,7 @@ TEST_CASE_METHOD(Type2, "memory windows: a queued bind sees its MR as rereg_mr l
 				     IBV_ACCESS_LOCAL_WRITE) == 0);
 	}
 	CHECK(m.mr->lkey == mr_key);
-	REQUIRE(Pair::post_recv(p.b, 3, 0, 64) == 0);
-	struct ibv_wc wc{};
-	REQUIRE(Pair::wait_wc(p.a, wc));
-	CHECK(wc.wr_id == 1);
-	REQUIRE(Pair::wait_wc(p.a, wc));
-	CHECK(wc.wr_id == 2);
-	CHECK(wc.status == IBV_WC_MW_BIND_ERR);
+	CHECK(release_queued_bind(p) == IBV_WC_MW_BIND_ERR);
 	REQUIRE(ibv_rereg_mr(m.mr, IBV_REREG_MR_CHANGE_PD, p.pd, nullptr, 0, 0) == 0);
 	CHECK(dealloc());
 	CHECK(ibv_dealloc_pd(other) == 0);
@@ -528,8 +534,7 @@ TEST_CASE_METHOD(Type2, "memory windows: a queued bind sees its MR as rereg_mr l
 TEST_CASE_METHOD(Type2, "memory windows: a queued bind never binds the window that reused the slot",
 		 "[mw]")
 {
-	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0); /* RNR: b posted no receive */
-	REQUIRE(post_bind(p, mw, ibv_inc_rkey(mw->rkey), window_info(p, m.mr), 2) == 0);
+	queue_bind(p, mw, m.mr);
 	const uint32_t slot = mw->rkey >> 8;
 	REQUIRE(dealloc());
 	std::vector<struct ibv_mw *> others(300);
@@ -549,13 +554,7 @@ TEST_CASE_METHOD(Type2, "memory windows: a queued bind never binds the window th
 		REQUIRE(mw);
 	}
 	REQUIRE((mw->rkey >> 8) == slot);
-	REQUIRE(Pair::post_recv(p.b, 3, 0, 64) == 0);
-	struct ibv_wc wc{};
-	REQUIRE(Pair::wait_wc(p.a, wc));
-	CHECK(wc.wr_id == 1);
-	REQUIRE(Pair::wait_wc(p.a, wc));
-	CHECK(wc.wr_id == 2);
-	CHECK(wc.status == IBV_WC_MW_BIND_ERR); /* not SUCCESS over the new window */
+	CHECK(release_queued_bind(p) == IBV_WC_MW_BIND_ERR); /* not SUCCESS on the new one */
 	CHECK(dealloc());
 	for (struct ibv_mw *w : others)
 		CHECK(ibv_dealloc_mw(w) == 0);
