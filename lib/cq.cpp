@@ -381,12 +381,14 @@ bool cq_ring_consume(shm::CqRing &ring, Completion &out, ClaimWatch &watch)
 namespace {
 
 /* Raises IBV_EVENT_CQ_ERR once for an overflow that any producer (maybe in
- * another process) recorded in the ring. Caller holds cq.lock. */
+ * another process) recorded in the ring. Any thread, with or without
+ * cq.lock. */
 [[gnu::noinline]] void report_overrun(Cq &cq)
 {
-	if (cq.overrun_reported || !cq.ring->overrun.load(std::memory_order_acquire))
+	if (cq.overrun_reported.load(std::memory_order_relaxed) ||
+	    !cq.ring->overrun.load(std::memory_order_acquire) ||
+	    cq.overrun_reported.exchange(true))
 		return;
-	cq.overrun_reported = true;
 	struct ibv_async_event ev{};
 	ev.element.cq = cq.abi();
 	ev.event_type = IBV_EVENT_CQ_ERR;
@@ -1311,9 +1313,8 @@ int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 	return deliver_completion(cq, c);
 }
 
-void report_overrun_locked(Cq &cq)
+void report_producer_overrun(Cq &cq)
 {
-	std::lock_guard guard(cq.lock);
 	report_overrun(cq);
 }
 
@@ -1351,10 +1352,8 @@ int deliver_completion(Cq &cq, const Completion &c)
 	CqTarget target = own_cq_target(*cq.ring);
 	int err = cq_ring_produce(target, c,
 				  CqChannel::of(cq.channel ? cq.channel->ibv.fd : -1), &overrun_now);
-	if (overrun_now) {
-		std::lock_guard guard(cq.lock);
+	if (overrun_now)
 		report_overrun(cq);
-	}
 	return err;
 }
 

@@ -248,7 +248,11 @@ struct Cq {
 	 * segment), the current one last; freed with the CQ, since a
 	 * producer may still load a slot of an old one (under `lock`). */
 	std::vector<std::pair<uint64_t, uint64_t>> arrays;
-	bool overrun_reported = false; /* IBV_EVENT_CQ_ERR was raised (under lock) */
+	/* IBV_EVENT_CQ_ERR was raised. Not under `lock`: a producer reports
+	 * the overrun it caused while it may hold its QP's send lock, and a
+	 * poller holding `lock` may wait for that (ibv_dereg_mr() from inside
+	 * a poll batch drops every engine's holds). */
+	std::atomic<bool> overrun_reported{false};
 	ClaimWatch claim_watch;        /* the consumer's, under lock */
 	Completion current{};          /* the entry ibv_cq_ex read_* report */
 	/* Completions the thread inside a start_poll() batch produced into this

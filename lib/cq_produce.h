@@ -90,7 +90,7 @@ uint64_t monotonic_ns();
  * report of an overrun it caused: out of line, rare. */
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len);
-void report_overrun_locked(Cq &cq);
+void report_producer_overrun(Cq &cq);
 
 /* What fill_entry() (lib/cq.cpp) writes for the Completion a
  * PlainCompletion stands for, without building it; its last word is the
@@ -214,7 +214,7 @@ inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status st
 		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); },
 		CqChannel::of(cq.channel ? cq.channel->ibv.fd : -1), &overrun_now, nullptr);
 	if (overrun_now) [[unlikely]]
-		cq_detail::report_overrun_locked(cq);
+		cq_detail::report_producer_overrun(cq);
 	return err;
 }
 

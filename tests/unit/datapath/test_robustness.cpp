@@ -5,6 +5,8 @@
  */
 #include "loopback.h"
 
+#include "../common/child.h"
+
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -288,4 +290,53 @@ TEST_CASE("RC: a SEND in its RNR wait goes as soon as the responder reposts, not
 	CHECK(ms < 300);
 	REQUIRE(Pair::wait_wc(p.b, wc));
 	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 100));
+}
+
+TEST_CASE("a poll batch that deregisters an MR while a post overruns the CQ does not deadlock",
+	  "[robust][overrun]")
+{
+	/* The poster holds its QP's send lock while it reports the overrun
+	 * (IBV_EVENT_CQ_ERR); the batch holds the CQ's poll lock, and
+	 * ibv_dereg_mr() makes every engine drop its holds under its send
+	 * lock. A deadlock is a hang: the child takes it. */
+	const int rc = shmv_test::run_child(
+		[] {
+			Options o;
+			o.cqe = 1;
+			Pair p(o);
+			p.connect();
+			struct ibv_send_wr wr{};
+			wr.wr.rdma.remote_addr = p.b.addr(0);
+			wr.wr.rdma.rkey = p.b.mr->rkey;
+			if (Pair::post8(p.a, IBV_WR_RDMA_WRITE, 1, wr))
+				return 1;
+			/* A WRITE completes in its post (or soon after). */
+			struct ibv_poll_cq_attr pa{};
+			int err = ENOENT;
+			for (int i = 0; i < 1000 && err == ENOENT; i++)
+				if ((err = ibv_start_poll(p.a.cqx, &pa)) == ENOENT)
+					std::this_thread::sleep_for(std::chrono::milliseconds(1));
+			if (err || p.a.cqx->wr_id != 1)
+				return 2;
+			/* With the batch open, two more completions overrun the
+			 * one-entry CQ (whether or not the batch freed its slot). */
+			std::thread poster([&] {
+				Pair::post8(p.a, IBV_WR_RDMA_WRITE, 2, wr);
+				Pair::post8(p.a, IBV_WR_RDMA_WRITE, 3, wr);
+			});
+			std::this_thread::sleep_for(std::chrono::milliseconds(200));
+			struct ibv_mr *mr = ibv_reg_mr(p.pd, p.a.at(0), 64, IBV_ACCESS_LOCAL_WRITE);
+			if (!mr || ibv_dereg_mr(mr))
+				return 3;
+			ibv_end_poll(p.a.cqx);
+			poster.join();
+			struct ibv_async_event ev;
+			if (ibv_get_async_event(p.ctx, &ev))
+				return 4;
+			const bool cq_err = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == p.a.cq;
+			ibv_ack_async_event(&ev);
+			return cq_err ? 0 : 5;
+		},
+		20);
+	CHECK(rc == 0);
 }

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* Small helpers for the memshare tests: child processes with bounded waits,
- * fd passing, and a look at /proc/self/maps. */
+/* Small helpers for the memshare tests: child processes with bounded waits
+ * (../common/child.h), fd passing, and a look at /proc/self/maps. */
 #pragma once
+
+#include "../common/child.h"
 
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -17,46 +19,8 @@
 
 namespace memshare_test {
 
-/* Runs fn in a forked child; its return value is the exit status. Returns the
- * exit status, 128+signal if killed, or -1 after timeout_s (child killed). */
-inline int run_child(const std::function<int()> &fn, int timeout_s = 10, pid_t *out_pid = nullptr)
-{
-	pid_t pid = fork();
-	if (pid == 0) {
-		int rc = 99;
-		try {
-			rc = fn();
-		} catch (...) {
-		}
-		_exit(rc);
-	}
-	if (out_pid)
-		*out_pid = pid;
-	for (int i = 0; i < timeout_s * 1000; i++) {
-		int status;
-		pid_t r = waitpid(pid, &status, WNOHANG);
-		if (r == pid)
-			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-		usleep(1000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, nullptr, 0);
-	return -1;
-}
-
-/* Waits for pid with a bound, as run_child does. */
-inline int wait_child(pid_t pid, int timeout_s = 10)
-{
-	for (int i = 0; i < timeout_s * 1000; i++) {
-		int status;
-		if (waitpid(pid, &status, WNOHANG) == pid)
-			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-		usleep(1000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, nullptr, 0);
-	return -1;
-}
+using shmv_test::run_child;
+using shmv_test::wait_child;
 
 inline int send_fd(int sock, int fd, uint64_t value)
 {
