@@ -309,6 +309,9 @@ bool live_remote_holders(KeySlot &s, uint32_t key_was)
 
 } // namespace
 
+/* How long a withdrawal waits for holds it cannot attribute to a process. */
+constexpr std::chrono::seconds unattributed_hold_bound{2};
+
 void KeyTable::unpublish(uint32_t index)
 {
 	KeySlot &s = *slot(index);
@@ -331,16 +334,17 @@ void KeyTable::unpublish(uint32_t index)
 				      [](const std::atomic<uint64_t> &h) {
 					      return key_holder_count(h.load(std::memory_order_seq_cst)) != 0;
 				      });
-		bool anonymous = s.anonymous.load(std::memory_order_seq_cst) != 0;
-		if (!local && !remote && !anonymous)
+		const uint32_t unattributed = local || remote ? 1 : unattributed_holds(s, index, false);
+		if (!local && !remote && !unattributed)
 			return;
 		if (!local && !remote && std::chrono::steady_clock::now() - started >
-						 std::chrono::seconds(2)) {
+						 unattributed_hold_bound) {
 			/* More processes held the key at once than there are
 			 * holder entries, and one of them has not let go for 2 s:
 			 * most likely dead (as destroy_qp's in-flight wait). */
-			log_error("key 0x%x: deregistered while %u unattributed remote hold(s) remain",
-				  key_was, s.anonymous.load());
+			log_error("key 0x%x: withdrawn while %u unattributed remote hold(s) remain",
+				  key_was, unattributed);
+			unattributed_holds(s, index, true);
 			return;
 		}
 		if (spins < 1000)
@@ -350,13 +354,45 @@ void KeyTable::unpublish(uint32_t index)
 	}
 }
 
-bool KeyTable::try_unpublish(uint32_t index)
+uint32_t KeyTable::unattributed_holds(const KeySlot &s, uint32_t index, bool give_up)
+{
+	const uint32_t anonymous = s.anonymous.load(std::memory_order_seq_cst);
+	if (!anonymous && !give_up && !any_abandoned_.load(std::memory_order_relaxed))
+		return 0; /* the usual case: no lock */
+	std::lock_guard guard(lock_);
+	auto it = abandoned_.find(index);
+	uint32_t abandoned = it == abandoned_.end() ? 0 : it->second;
+	/* Fewer now: some of those were alive after all, and let go. */
+	abandoned = std::min(abandoned, anonymous);
+	if (give_up)
+		abandoned = anonymous;
+	if (abandoned)
+		abandoned_[index] = abandoned;
+	else if (it != abandoned_.end())
+		abandoned_.erase(it);
+	any_abandoned_.store(!abandoned_.empty(), std::memory_order_relaxed);
+	return anonymous - abandoned;
+}
+
+bool KeyTable::try_unpublish(uint32_t index, std::chrono::steady_clock::time_point &since)
 {
 	KeySlot &s = *slot(index);
 	const uint32_t key_was = s.key.load(std::memory_order_relaxed);
 	s.key.store(0, std::memory_order_seq_cst); /* as unpublish() */
-	return s.readers.load(std::memory_order_seq_cst) == 0 &&
-	       !live_remote_holders(s, key_was) && s.anonymous.load(std::memory_order_seq_cst) == 0;
+	const auto now = std::chrono::steady_clock::now();
+	if (since == std::chrono::steady_clock::time_point{})
+		since = now;
+	if (s.readers.load(std::memory_order_seq_cst) != 0 || live_remote_holders(s, key_was))
+		return false;
+	const uint32_t unattributed = unattributed_holds(s, index, false);
+	if (!unattributed)
+		return true;
+	if (now - since <= unattributed_hold_bound)
+		return false;
+	log_error("key-table slot %u: withdrawn while %u unattributed remote hold(s) remain",
+		  index, unattributed);
+	unattributed_holds(s, index, true);
+	return true;
 }
 
 void KeyTable::release(uint32_t index, bool window)

@@ -36,10 +36,12 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 namespace shmverbs {
 
@@ -243,8 +245,10 @@ public:
 	void unpublish(uint32_t index);
 	/* The same without waiting, for a send queue (lib/mw.h), which must
 	 * not wait for holders under its lock: withdraws the key; true once
-	 * no hold of it remains (dead processes' are released). */
-	bool try_unpublish(uint32_t index);
+	 * no hold of it remains (dead processes' are released), or once only
+	 * unattributed remote holds remain 2 s after `since`, the time of the
+	 * first try of this withdrawal (set here when it is the epoch). */
+	bool try_unpublish(uint32_t index, std::chrono::steady_clock::time_point &since);
 	/* Gives an unpublished slot back. Indices are reused only after a
 	 * delay, and with another variant, so stale keys keep failing. */
 	void release(uint32_t index, bool window = false);
@@ -275,6 +279,11 @@ private:
 
 	KeySlot *slot(uint32_t index) const;
 	KeySlot &slot_alloc(uint32_t index); /* under lock_ */
+	/* The slot's unattributed remote holds that no earlier withdrawal
+	 * gave up on; `give_up` makes every one it sees given up on. A count
+	 * given up on is not waited for again until a withdrawal sees it
+	 * lower (those holds were alive after all, and let go). */
+	uint32_t unattributed_holds(const KeySlot &s, uint32_t index, bool give_up);
 
 	const uint32_t max_mr_, index_space_;
 	const int shared_device_ = -1; /* >= 0: chunks in that device's segment */
@@ -285,6 +294,11 @@ private:
 	uint32_t mr_count_ = 0;
 	uint32_t max_mw_ = 0, mw_count_ = 0; /* under lock_ */
 	uint32_t null_key_ = 0;
+	/* Per slot, the unattributed holds a withdrawal stopped waiting for
+	 * after 2 s (most likely of dead processes, whose counts stay): later
+	 * withdrawals of the slot do not wait for them again. Under lock_. */
+	std::unordered_map<uint32_t, uint32_t> abandoned_;
+	std::atomic<bool> any_abandoned_{false}; /* !abandoned_.empty() */
 };
 
 /* ---- Memory regions ---- */

@@ -52,15 +52,17 @@ void drain(Mw &mw)
 {
 	mw.keys->unpublish(mw.index);
 	mw.bound_mr = 0;
+	mw.drain_since = {};
 }
 
 /* The same for a send queue: false while holds remain (the key is
  * withdrawn all the same). */
 bool try_drain(Mw &mw)
 {
-	if (!mw.keys->try_unpublish(mw.index))
+	if (!mw.keys->try_unpublish(mw.index, mw.drain_since))
 		return false;
 	mw.bound_mr = 0;
+	mw.drain_since = {};
 	return true;
 }
 

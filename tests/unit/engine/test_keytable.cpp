@@ -231,3 +231,60 @@ TEST_CASE("lookups racing with republication see whole entries", "[keys][threads
 	CHECK(torn == 0);
 	CHECK(hits > 0);
 }
+
+TEST_CASE("unpublish waits 2 s for an unattributed hold, and a hold it gave up on only once",
+	  "[keys][threads]")
+{
+	KeyTable t(10);
+	uint32_t index;
+	REQUIRE(t.reserve(index) == 0);
+	uint32_t key = t.publish(index, mr_entry(0, 64, 0), 1);
+	/* What a process beyond the slot's holder entries leaves when it is
+	 * killed mid-hold: an anonymous count nobody takes back. */
+	KeyRef ref = t.acquire(key);
+	REQUIRE(ref);
+	auto &slot = const_cast<KeySlot &>(*ref.slot());
+	ref.release();
+	slot.anonymous.fetch_add(1);
+
+	auto timed_unpublish = [&] {
+		const auto t0 = std::chrono::steady_clock::now();
+		t.unpublish(index);
+		return std::chrono::steady_clock::now() - t0;
+	};
+	const auto first = timed_unpublish();
+	CHECK(first >= std::chrono::milliseconds(1900));
+	CHECK(first < std::chrono::seconds(5));
+	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
+	CHECK(timed_unpublish() < std::chrono::milliseconds(500));
+
+	/* A second such hold is waited for again; the one given up on not. */
+	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
+	slot.anonymous.fetch_add(1);
+	CHECK(timed_unpublish() >= std::chrono::milliseconds(1900));
+
+	/* try_unpublish, for a window's send queue: false until 2 s after the
+	 * first try, then true. */
+	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
+	slot.anonymous.fetch_add(1);
+	std::chrono::steady_clock::time_point since{};
+	CHECK_FALSE(t.try_unpublish(index, since));
+	CHECK(since != std::chrono::steady_clock::time_point{});
+	since -= std::chrono::milliseconds(2100);
+	CHECK(t.try_unpublish(index, since));
+	std::chrono::steady_clock::time_point again{};
+	CHECK(t.try_unpublish(index, again));
+
+	/* Those holds let go after all (they were alive): once a withdrawal
+	 * has seen that, nothing is left to skip, and a new one is waited for. */
+	slot.anonymous.fetch_sub(3);
+	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
+	CHECK(timed_unpublish() < std::chrono::milliseconds(500));
+	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
+	slot.anonymous.fetch_add(1);
+	std::chrono::steady_clock::time_point fresh{};
+	CHECK_FALSE(t.try_unpublish(index, fresh));
+	slot.anonymous.fetch_sub(1);
+	CHECK(t.try_unpublish(index, fresh));
+	t.release(index);
+}

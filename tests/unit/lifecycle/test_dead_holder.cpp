@@ -168,3 +168,82 @@ TEST_CASE("dereg_mr returns while the peer that wrote to it keeps sending to us"
 	CHECK(ibv_destroy_qp(qp) == 0);
 	ibv_dereg_mr(rmr);
 }
+
+namespace {
+
+/* ibv_bind_mw() of `mw` over `len` bytes of mr (0: unbind) on qp, and its
+ * completion: the status, or -1 when none came within ms. */
+int bind_and_wait(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mw *mw, struct ibv_mr *mr,
+		  uint64_t len, int ms)
+{
+	struct ibv_mw_bind bind{};
+	bind.wr_id = 77;
+	bind.send_flags = IBV_SEND_SIGNALED;
+	bind.bind_info.mr = mr;
+	bind.bind_info.addr = uint64_t(uintptr_t(mr->addr));
+	bind.bind_info.length = len;
+	bind.bind_info.mw_access_flags = len ? IBV_ACCESS_REMOTE_WRITE : 0;
+	if (ibv_bind_mw(qp, mw, &bind))
+		return -2;
+	struct ibv_wc wc{};
+	if (shmv_test::poll_one(cq, wc, ms) != 1)
+		return -1;
+	return wc.wr_id == 77 ? int(wc.status) : -3;
+}
+
+} // namespace
+
+/* More processes than a key has holder entries hold a window's key at
+ * once; the one counted anonymously is killed mid-hold. Its hold can be
+ * told from a live one by nobody: the window's next bind, which runs on
+ * the send queue and may not block there, waits for it 2 s, as
+ * ibv_dereg_mr() does, and not for ever. */
+TEST_CASE("a window's rebind waits at most 2 s for a hold of a process it cannot name",
+	  "[lifecycle][dead-holder][mw]")
+{
+	Dev dev(IBV_QPT_RC);
+	REQUIRE(rc_to_rts(dev.qp, dev.qp->qp_num, dev.lid) == 0);
+	std::vector<char> buf(4096);
+	struct ibv_mr *mr = ibv_reg_mr(dev.pd, buf.data(), buf.size(),
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	REQUIRE(mr);
+	struct ibv_mw *mw = ibv_alloc_mw(dev.pd, IBV_MW_TYPE_1);
+	REQUIRE(mw);
+	REQUIRE(bind_and_wait(dev.qp, dev.cq, mw, mr, buf.size(), 5000) == IBV_WC_SUCCESS);
+
+	const char *path = getenv("SHMVERBS_TEST_KEY_HOLDER");
+	REQUIRE(path);
+	const std::vector<std::string> argv = {path, std::to_string(dev.qp->qp_num),
+					       std::to_string(mw->rkey)};
+	std::vector<std::unique_ptr<Proc>> named;
+	for (int i = 0; i < 6; i++) { /* key_holder_entries */
+		named.push_back(std::make_unique<Proc>(argv));
+		REQUIRE(named.back()->line() == "held");
+		REQUIRE(named.back()->wait_stopped());
+	}
+	{
+		Proc unnamed(argv);
+		REQUIRE(unnamed.line() == "held");
+		REQUIRE(unnamed.wait_stopped());
+		REQUIRE(kill(unnamed.pid, SIGKILL) == 0);
+		CHECK(unnamed.reap() == 128 + SIGKILL);
+	}
+	for (auto &p : named) {
+		REQUIRE(kill(p->pid, SIGCONT) == 0);
+		CHECK(p->line() == "released");
+		CHECK(p->reap() == 0);
+	}
+	const auto t0 = std::chrono::steady_clock::now();
+	CHECK(bind_and_wait(dev.qp, dev.cq, mw, mr, 0, 10000) == IBV_WC_SUCCESS);
+	const auto waited = std::chrono::steady_clock::now() - t0;
+	CHECK(waited >= std::chrono::milliseconds(1900));
+	CHECK(waited < std::chrono::seconds(6));
+	/* Given up on once: the slot's later withdrawals do not wait for that
+	 * hold again (a bind, an unbind, the deallocation). */
+	const auto t1 = std::chrono::steady_clock::now();
+	CHECK(bind_and_wait(dev.qp, dev.cq, mw, mr, buf.size(), 10000) == IBV_WC_SUCCESS);
+	CHECK(bind_and_wait(dev.qp, dev.cq, mw, mr, 0, 10000) == IBV_WC_SUCCESS);
+	CHECK(ibv_dealloc_mw(mw) == 0);
+	CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(1500));
+	CHECK(ibv_dereg_mr(mr) == 0);
+}
