@@ -1250,7 +1250,7 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint64_t word, uint64_t pid, uint64_
 	}
 }
 
-bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p)
+bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p, const int *owner_alive)
 {
 	/* The owner holds the slots moved only while it waits for claims
 	 * that won before it and copies what is published: microseconds,
@@ -1279,6 +1279,8 @@ bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p)
 			cpu_relax();
 			continue;
 		}
+		if (!PeerSegment::owner_alive(owner_alive))
+			return false; /* it died mid-resize: nobody will name an array */
 		const uint64_t now = monotonic_ns();
 		if (!deadline)
 			deadline = now + 10000000000ull;
@@ -1286,6 +1288,17 @@ bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p)
 			return false;
 		sched_yield();
 	}
+}
+
+int resize_stuck(shm::CqRing &ring, bool *overrun_now)
+{
+	if (!ring.ignore_overrun.load(std::memory_order_relaxed)) {
+		uint32_t zero = 0;
+		const bool first = ring.overrun.compare_exchange_strong(zero, 1);
+		if (overrun_now)
+			*overrun_now = first;
+	}
+	return ENOSPC;
 }
 
 void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bool solicited,

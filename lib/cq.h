@@ -352,6 +352,9 @@ struct CqTarget {
 	shm::CqEntry *slots = nullptr;
 	unsigned lg = 0;   /* log2 of its capacity */
 	uint64_t mask = 0; /* its capacity - 1 */
+	/* The owner's owner-alive word (PeerSegment::owner_alive_word());
+	 * nullptr for a ring of this process. */
+	const int *owner_alive = nullptr;
 	explicit operator bool() const { return ring != nullptr; }
 };
 /* A ring of this process: any array its owner (we) names is good. */

@@ -78,8 +78,14 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint64_t word, uint64_t pid, uint64_
 			 int &err);
 /* After a claim found slot `p` of the array `word` moved: waits until the
  * ring names another array or the slot is free again (a resize that gave
- * up). false: neither within 10 s (the owner died mid-resize). */
-bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p);
+ * up). false: neither within 10 s (the owner stopped mid-resize), or the
+ * owner died (`owner_alive`: its word, nullptr for our own ring). */
+bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p, const int *owner_alive);
+/* The completion a producer could not place because the ring stayed
+ * moved (wait_moved() false): the CQ overruns, as a device's CQ that lost
+ * a CQE (its owner raises IBV_EVENT_CQ_ERR), rather than losing it
+ * silently. ENOSPC. */
+int resize_stuck(shm::CqRing &ring, bool *overrun_now);
 /* The publication for a ring whose CQ has a channel: the arm looked at
  * before and after the seq_cst store of `ready`, the token written by the
  * producer that disarmed it. */
@@ -165,8 +171,8 @@ template <typename Fill>
 			break;
 		if (err != EAGAIN)
 			return err;
-		if (!wait_moved(ring, word, p))
-			return ENOSPC;
+		if (!wait_moved(ring, word, p, t.owner_alive))
+			return resize_stuck(ring, overrun_now);
 	}
 	/* For the next producer; a plain store, as it is only a hint, not
 	 * moved back when a faster producer moved it further meanwhile. */

@@ -140,6 +140,7 @@ CqTarget peer_cq(const PeerSegment &seg, uint64_t off)
 	if (!ring || ring->magic != shm::cq_magic)
 		return {};
 	CqTarget t{ring, 0, int64_t(off), int64_t(seg.size - off)};
+	t.owner_alive = seg.owner_alive_word();
 	if (!cq_detail::adopt_array(t, ring->array.load(std::memory_order_acquire)))
 		return {};
 	return t;

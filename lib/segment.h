@@ -132,6 +132,20 @@ struct PeerSegment {
 			return nullptr;
 		return reinterpret_cast<T *>(base + off);
 	}
+	/* The owner's death notice (shm_layout.h SegmentHeader::owner_alive),
+	 * for a caller that keeps it (a CqTarget); nullptr for our own. */
+	const int *owner_alive_word() const
+	{
+		return local ? nullptr
+			     : reinterpret_cast<const int *>(
+				       base + offsetof(shm::SegmentHeader, owner_alive));
+	}
+	/* Whether that word still names a live holder: one load, no system
+	 * call. */
+	static bool owner_alive(const int *word)
+	{
+		return !word || (__atomic_load_n(word, __ATOMIC_ACQUIRE) & FUTEX_TID_MASK) != 0;
+	}
 	/* Still alive: not reported gone and its owner-alive word still held
 	 * (shm_layout.h): one load, no system call. */
 	bool alive() const
@@ -140,11 +154,7 @@ struct PeerSegment {
 			return true;
 		if (gone.load(std::memory_order_acquire))
 			return false;
-		/* The owner's death notice (shm_layout.h SegmentHeader::owner_alive):
-		 * one load, no system call. */
-		const int *word = reinterpret_cast<const int *>(
-			base + offsetof(shm::SegmentHeader, owner_alive));
-		return (__atomic_load_n(word, __ATOMIC_ACQUIRE) & FUTEX_TID_MASK) != 0;
+		return owner_alive(owner_alive_word());
 	}
 };
 

@@ -197,3 +197,27 @@ TEST_CASE("CQ resize: a producer still holding the old array is sent to the new 
 	CHECK(c.poll_all() == std::vector<uint64_t>{13});
 	CHECK(ring.overrun.load() == 0);
 }
+
+TEST_CASE("CQ resize: an owner that died mid-resize fails its producers at once, loudly",
+	  "[cqresize]")
+{
+	OneCq c(3);
+	shm::CqRing &ring = *c.cq->ring;
+	REQUIRE(c.produce(1) == 0);
+	/* What the owner leaves when it dies after closing the array: every
+	 * slot moved, no new array named. */
+	const cq_detail::RingArray a = cq_detail::current_array(ring);
+	for (uint64_t i = 0; i < a.capacity(); i++)
+		a.at(i)->state.store(shm::cq_slot_moved);
+	CqTarget peer = own_cq_target(ring);
+	REQUIRE(cq_detail::adopt_array(peer, ring.array.load()));
+	/* A peer's target with the owner's death notice (its owner-alive
+	 * word cleared by the kernel). */
+	const int dead_owner = 0;
+	peer.owner_alive = &dead_owner;
+	const auto t0 = std::chrono::steady_clock::now();
+	CHECK(OneCq::produce_into(peer, 2) == ENOSPC);
+	CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+	/* Not lost silently: the CQ overran. */
+	CHECK(ring.overrun.load() == 1);
+}
