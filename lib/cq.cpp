@@ -996,11 +996,15 @@ int destroy_cq(Cq &cq)
 	}
 
 	/* Events already handed to the application must be acknowledged
-	 * first (ibv_get_cq_event(3)), and so must its async events. */
+	 * first (ibv_get_cq_event(3)), and so must its async events; an
+	 * async event it has not read (IBV_EVENT_CQ_ERR) dies with the CQ, as
+	 * uverbs drops it, rather than name a freed CQ later. No QP names
+	 * the CQ any more, so no producer raises another. */
 	pthread_mutex_lock(&cq.ibv.cq.mutex);
 	while (cq.ibv.cq.comp_events_completed < cq.comp_events_reported)
 		pthread_cond_wait(&cq.ibv.cq.cond, &cq.ibv.cq.mutex);
 	pthread_mutex_unlock(&cq.ibv.cq.mutex);
+	cq.ctx->drop_queued_events(&cq);
 	cq.async_events.wait_all_acked();
 	cq.ctx->remove_event_source(&cq);
 

@@ -486,9 +486,13 @@ int destroy_srq(Srq &srq)
 {
 	if (srq.uses.busy())
 		return EBUSY;
+	/* The limit's poller first, so that no event is raised from here on;
+	 * then those the application has not read die with the SRQ (as for a
+	 * QP), and those it read must be acknowledged. */
+	srq_ring_detach(srq);
+	srq.ctx->drop_queued_events(&srq);
 	srq.async_events.wait_all_acked();
 	srq.ctx->remove_event_source(&srq);
-	srq_ring_detach(srq);
 	release_id(*srq.ctx->device, IdKind::Srq, srq.srq_num);
 	srq.pd->uses.put();
 	if (srq.xrcd)

@@ -768,6 +768,23 @@ TEST_CASE("CQ overrun raises IBV_EVENT_CQ_ERR; destroy waits for its ack", "[cq]
 	CHECK(destroyed.get() == 0);
 }
 
+TEST_CASE("an IBV_EVENT_CQ_ERR not read yet dies with its CQ", "[cq][overrun]")
+{
+	Device d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 1, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	struct ibv_wc wc = make_wc(1);
+	CHECK(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	CHECK(shmverbs_inject_completion(cq, &wc, 0) == ENOSPC);
+	REQUIRE(readable(d.ctx->async_fd, 1000));
+	/* Not read, so nothing to wait for: destroy returns, and the event
+	 * is gone with the CQ (it would name freed memory). */
+	CHECK(ibv_destroy_cq(cq) == 0);
+	REQUIRE(fcntl(d.ctx->async_fd, F_SETFL, fcntl(d.ctx->async_fd, F_GETFL) | O_NONBLOCK) == 0);
+	struct ibv_async_event ev;
+	CHECK(ibv_get_async_event(d.ctx, &ev) != 0);
+}
+
 TEST_CASE("IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN drops silently", "[cq][overrun]")
 {
 	Device d;

@@ -233,6 +233,25 @@ TEST_CASE("an armed SRQ limit raises SRQ_LIMIT_REACHED once; destroy waits for t
 	CHECK(ibv_dealloc_pd(pd) == 0);
 }
 
+TEST_CASE("an SRQ_LIMIT_REACHED not read yet dies with its SRQ", "[srq][limit]")
+{
+	Device d;
+	struct ibv_pd *pd = ibv_alloc_pd(d.ctx);
+	REQUIRE(pd);
+	struct ibv_srq *srq = basic_srq(pd, 64, 1);
+	REQUIRE(srq);
+	struct ibv_srq_attr a{};
+	a.srq_limit = 10;
+	REQUIRE(ibv_modify_srq(srq, &a, IBV_SRQ_LIMIT) == 0);
+	REQUIRE(shmverbs_inject_srq_posted(srq, 9) == 0);
+	REQUIRE(readable(d.ctx->async_fd, 1000));
+	CHECK(ibv_destroy_srq(srq) == 0);
+	REQUIRE(fcntl(d.ctx->async_fd, F_SETFL, fcntl(d.ctx->async_fd, F_GETFL) | O_NONBLOCK) == 0);
+	struct ibv_async_event ev;
+	CHECK(ibv_get_async_event(d.ctx, &ev) != 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+}
+
 TEST_CASE("XRC SRQs: creation, SRQ numbers, ibv_get_srq_num", "[srq][xrc]")
 {
 	Device d;
