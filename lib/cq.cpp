@@ -263,8 +263,8 @@ thread_local __attribute__((tls_model("initial-exec"))) unsigned empty_polls = 0
 void polled_empty()
 {
 	/* A send waiting for RNR retries as soon as its target posted a
-	 * receive (lib/datapath.cpp, rnr:). Outside cq.lock: a retry may
-	 * complete into this CQ. */
+	 * receive (lib/datapath.cpp, rnr:). Outside cq.lock, which the
+	 * retries do not need, so that they hold up no other poller. */
 	progress_poll_waiting();
 	if (++empty_polls == yield_after_empty_polls) [[unlikely]] {
 		empty_polls = 0;

@@ -474,12 +474,6 @@ void QpEngine::reset()
 			rq_->head.store(rq_->tail.load());
 		}
 	}
-	/* Its completions go too (mlx5_cq_clean); outside sq_lock_, which a
-	 * poller holding the CQ lock may try to take. */
-	if (recv_cq_)
-		cq_clean(*recv_cq_, qpn_);
-	if (send_cq_ && send_cq_ != recv_cq_)
-		cq_clean(*send_cq_, qpn_);
 }
 
 void QpEngine::flush()

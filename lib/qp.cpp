@@ -613,7 +613,23 @@ int query_qp(Qp &qp, struct ibv_qp_attr &attr, int attr_mask,
 	return 0;
 }
 
-int modify_qp(Qp &qp, const struct ibv_qp_attr &request, int attr_mask)
+namespace {
+
+/* The QP's unpolled completions leave its CQs (mlx5_cq_clean), after a
+ * reset or a destroy: a poll after this never returns them. Without the
+ * core lock, and without the send lock (QpDataPath::reset): a poller
+ * inside an ibv_start_poll() batch of the CQ holds the CQ's lock, which
+ * this takes, and may call a verb that takes either. */
+void clean_cqs(const Qp &qp, uint32_t qp_num)
+{
+	if (qp.recv_cq)
+		cq_clean(*qp.recv_cq, qp_num);
+	if (qp.send_cq && qp.send_cq != qp.recv_cq)
+		cq_clean(*qp.send_cq, qp_num);
+}
+
+/* modify_qp() under the core lock; `reset`: the QP entered RESET. */
+int modify_qp_locked(Qp &qp, const struct ibv_qp_attr &request, int attr_mask, bool &reset)
 {
 	struct ibv_qp_attr attr = request; /* uverbs may fill in the port */
 	QpCore &core = *qp.core;
@@ -716,14 +732,27 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &request, int attr_mask)
 	}
 	updated.qp_state = actual;
 	core.attr = updated;
-	if (next != actual || next == IBV_QPS_ERR)
+	if (next != actual || next == IBV_QPS_ERR) {
 		enter_state(qp, actual, next);
+		reset = next == IBV_QPS_RESET;
+	}
 	else if (core.data_path)
 		core.data_path->state_changed(actual, next); /* new attributes, same state */
 	if (actual == IBV_QPS_RTS && next == IBV_QPS_SQD && (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) &&
 	    attr.en_sqd_async_notify)
 		post_event_locked(core, IBV_EVENT_SQ_DRAINED);
 	return 0;
+}
+
+} // namespace
+
+int modify_qp(Qp &qp, const struct ibv_qp_attr &request, int attr_mask)
+{
+	bool reset = false;
+	const int err = modify_qp_locked(qp, request, attr_mask, reset);
+	if (reset)
+		clean_cqs(qp, qp.core->qp_num);
+	return err;
 }
 
 int destroy_qp(Qp &qp)
@@ -766,10 +795,7 @@ int destroy_qp(Qp &qp)
 		 * CQs (mlx5_cq_clean): a poll after this never returns the
 		 * number of a QP that is gone, which may be reused. Before the
 		 * number is free and the CQs' uses are let go. */
-		if (qp.recv_cq)
-			cq_clean(*qp.recv_cq, qp_num);
-		if (qp.send_cq && qp.send_cq != qp.recv_cq)
-			cq_clean(*qp.send_cq, qp_num);
+		clean_cqs(qp, qp_num);
 		release_id(device, IdKind::Qp, qp_num);
 	}
 	release_uses(qp);

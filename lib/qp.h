@@ -45,8 +45,8 @@ public:
 	 * outstanding send and receive WR with IBV_WC_WR_FLUSH_ERR, and keep
 	 * flushing what is posted while the QP stays in ERR. */
 	virtual void flush() = 0;
-	/* Entered RESET: empty both work queues and drop this QP's
-	 * completions from its CQs, as libmlx5 does (mlx5_cq_clean). */
+	/* Entered RESET: empty both work queues. (modify_qp() then drops the
+	 * QP's completions from its CQs, as libmlx5 does, mlx5_cq_clean.) */
 	virtual void reset() = 0;
 	/* Any other transition (INIT, RTR, RTS, SQD, SQE). */
 	virtual void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) = 0;

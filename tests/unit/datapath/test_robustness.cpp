@@ -7,6 +7,7 @@
 
 #include "../common/child.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -292,39 +293,70 @@ TEST_CASE("RC: a SEND in its RNR wait goes as soon as the responder reposts, not
 	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 100));
 }
 
+namespace {
+
+/* A one-entry CQ (side a's), a WRITE's completion in it, and an
+ * ibv_start_poll() batch open on it, which holds the CQ's poll lock until
+ * ibv_end_poll(): 0, or a failure code. */
+int open_batch(Pair &p, const struct ibv_send_wr &wr)
+{
+	p.connect();
+	if (Pair::post8(p.a, IBV_WR_RDMA_WRITE, 1, wr))
+		return 1;
+	/* A WRITE completes in its post (or soon after). */
+	struct ibv_poll_cq_attr pa{};
+	int err = ENOENT;
+	for (int i = 0; i < 1000 && err == ENOENT; i++)
+		if ((err = ibv_start_poll(p.a.cqx, &pa)) == ENOENT)
+			std::this_thread::sleep_for(std::chrono::milliseconds(1));
+	return err || p.a.cqx->wr_id != 1 ? 2 : 0;
+}
+
+Options one_entry_cq()
+{
+	Options o;
+	o.cqe = 1;
+	return o;
+}
+
+struct ibv_send_wr write_to(Pair &p)
+{
+	struct ibv_send_wr wr{};
+	wr.wr.rdma.remote_addr = p.b.addr(0);
+	wr.wr.rdma.rkey = p.b.mr->rkey;
+	return wr;
+}
+
+} // namespace
+
+/* The tests below run where a deadlock is a hang: in a child process,
+ * which the test kills after its bound. */
+
 TEST_CASE("a poll batch that deregisters an MR while a post overruns the CQ does not deadlock",
 	  "[robust][overrun]")
 {
 	/* The poster holds its QP's send lock while it reports the overrun
 	 * (IBV_EVENT_CQ_ERR); the batch holds the CQ's poll lock, and
 	 * ibv_dereg_mr() makes every engine drop its holds under its send
-	 * lock. A deadlock is a hang: the child takes it. */
+	 * lock. */
 	const int rc = shmv_test::run_child(
 		[] {
-			Options o;
-			o.cqe = 1;
-			Pair p(o);
-			p.connect();
-			struct ibv_send_wr wr{};
-			wr.wr.rdma.remote_addr = p.b.addr(0);
-			wr.wr.rdma.rkey = p.b.mr->rkey;
-			if (Pair::post8(p.a, IBV_WR_RDMA_WRITE, 1, wr))
-				return 1;
-			/* A WRITE completes in its post (or soon after). */
-			struct ibv_poll_cq_attr pa{};
-			int err = ENOENT;
-			for (int i = 0; i < 1000 && err == ENOENT; i++)
-				if ((err = ibv_start_poll(p.a.cqx, &pa)) == ENOENT)
-					std::this_thread::sleep_for(std::chrono::milliseconds(1));
-			if (err || p.a.cqx->wr_id != 1)
-				return 2;
+			Pair p(one_entry_cq());
+			const struct ibv_send_wr wr = write_to(p);
+			if (int err = open_batch(p, wr))
+				return err;
 			/* With the batch open, two more completions overrun the
-			 * one-entry CQ (whether or not the batch freed its slot). */
+			 * one-entry CQ (whether or not the batch freed its slot).
+			 * Both posts return unless the report waits for the
+			 * batch: the deregistration waits for that, 2 s at most. */
+			std::atomic<bool> posted{false};
 			std::thread poster([&] {
 				Pair::post8(p.a, IBV_WR_RDMA_WRITE, 2, wr);
 				Pair::post8(p.a, IBV_WR_RDMA_WRITE, 3, wr);
+				posted = true;
 			});
-			std::this_thread::sleep_for(std::chrono::milliseconds(200));
+			for (int i = 0; i < 2000 && !posted; i++)
+				std::this_thread::sleep_for(std::chrono::milliseconds(1));
 			struct ibv_mr *mr = ibv_reg_mr(p.pd, p.a.at(0), 64, IBV_ACCESS_LOCAL_WRITE);
 			if (!mr || ibv_dereg_mr(mr))
 				return 3;
@@ -336,6 +368,39 @@ TEST_CASE("a poll batch that deregisters an MR while a post overruns the CQ does
 			const bool cq_err = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == p.a.cq;
 			ibv_ack_async_event(&ev);
 			return cq_err ? 0 : 5;
+		},
+		20);
+	CHECK(rc == 0);
+}
+
+TEST_CASE("a poll batch that queries a QP being reset does not deadlock", "[robust]")
+{
+	/* The reset removes the QP's completions from the CQ, which waits for
+	 * the batch's poll lock; the batch's ibv_query_qp() takes the QP's
+	 * lock, which the reset must not hold meanwhile (libmlx5 cleans the
+	 * CQ after the command, under no QP lock). */
+	const int rc = shmv_test::run_child(
+		[] {
+			Pair p(one_entry_cq());
+			if (int err = open_batch(p, write_to(p)))
+				return err;
+			std::thread resetter([&] {
+				struct ibv_qp_attr a{};
+				a.qp_state = IBV_QPS_RESET;
+				ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE);
+			});
+			/* Time for the reset to reach the CQ (if it did not yet,
+			 * the test passes without telling anything). */
+			std::this_thread::sleep_for(std::chrono::milliseconds(200));
+			struct ibv_qp_attr attr{};
+			struct ibv_qp_init_attr init{};
+			if (ibv_query_qp(p.a.qp, &attr, IBV_QP_STATE, &init))
+				return 3;
+			ibv_end_poll(p.a.cqx);
+			resetter.join();
+			if (ibv_query_qp(p.a.qp, &attr, IBV_QP_STATE, &init))
+				return 4;
+			return attr.qp_state == IBV_QPS_RESET ? 0 : 5;
 		},
 		20);
 	CHECK(rc == 0);
