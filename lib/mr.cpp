@@ -324,6 +324,7 @@ void KeyTable::unpublish(uint32_t index)
 	if (key_withdrawn_hook)
 		key_withdrawn_hook(s);
 	const auto started = std::chrono::steady_clock::now();
+	Wait wait;
 	for (unsigned spins = 0;; spins++) {
 		bool local = s.readers.load(std::memory_order_seq_cst) != 0;
 		/* Liveness checks cost system calls: after a short spin, and
@@ -334,7 +335,7 @@ void KeyTable::unpublish(uint32_t index)
 				      [](const std::atomic<uint64_t> &h) {
 					      return key_holder_count(h.load(std::memory_order_seq_cst)) != 0;
 				      });
-		const uint32_t unattributed = local || remote ? 1 : unattributed_holds(s, index, false);
+		const uint32_t unattributed = local || remote ? 1 : unattributed_holds(s, index, wait);
 		if (!local && !remote && !unattributed)
 			return;
 		if (!local && !remote && std::chrono::steady_clock::now() - started >
@@ -344,7 +345,7 @@ void KeyTable::unpublish(uint32_t index)
 			 * most likely dead (as destroy_qp's in-flight wait). */
 			log_error("key 0x%x: withdrawn while %u unattributed remote hold(s) remain",
 				  key_was, unattributed);
-			unattributed_holds(s, index, true);
+			give_up_holds(index, wait);
 			return;
 		}
 		if (spins < 1000)
@@ -354,44 +355,52 @@ void KeyTable::unpublish(uint32_t index)
 	}
 }
 
-uint32_t KeyTable::unattributed_holds(const KeySlot &s, uint32_t index, bool give_up)
+uint32_t KeyTable::unattributed_holds(const KeySlot &s, uint32_t index, Wait &wait)
 {
 	const uint32_t anonymous = s.anonymous.load(std::memory_order_seq_cst);
-	if (!anonymous && !give_up && !any_abandoned_.load(std::memory_order_relaxed))
+	wait.fewest = std::min(wait.fewest, anonymous);
+	if (!anonymous && !any_abandoned_.load(std::memory_order_relaxed))
 		return 0; /* the usual case: no lock */
 	std::lock_guard guard(lock_);
 	auto it = abandoned_.find(index);
-	uint32_t abandoned = it == abandoned_.end() ? 0 : it->second;
+	if (it == abandoned_.end())
+		return anonymous;
 	/* Fewer now: some of those were alive after all, and let go. */
-	abandoned = std::min(abandoned, anonymous);
-	if (give_up)
-		abandoned = anonymous;
+	const uint32_t abandoned = std::min(it->second, anonymous);
 	if (abandoned)
-		abandoned_[index] = abandoned;
-	else if (it != abandoned_.end())
+		it->second = abandoned;
+	else
 		abandoned_.erase(it);
 	any_abandoned_.store(!abandoned_.empty(), std::memory_order_relaxed);
 	return anonymous - abandoned;
 }
 
-bool KeyTable::try_unpublish(uint32_t index, std::chrono::steady_clock::time_point &since)
+void KeyTable::give_up_holds(uint32_t index, const Wait &wait)
+{
+	std::lock_guard guard(lock_);
+	if (wait.fewest && wait.fewest != UINT32_MAX)
+		abandoned_[index] = wait.fewest;
+	any_abandoned_.store(!abandoned_.empty(), std::memory_order_relaxed);
+}
+
+bool KeyTable::try_unpublish(uint32_t index, Wait &wait)
 {
 	KeySlot &s = *slot(index);
 	const uint32_t key_was = s.key.load(std::memory_order_relaxed);
 	s.key.store(0, std::memory_order_seq_cst); /* as unpublish() */
 	const auto now = std::chrono::steady_clock::now();
-	if (since == std::chrono::steady_clock::time_point{})
-		since = now;
+	if (wait.since == std::chrono::steady_clock::time_point{})
+		wait.since = now;
 	if (s.readers.load(std::memory_order_seq_cst) != 0 || live_remote_holders(s, key_was))
 		return false;
-	const uint32_t unattributed = unattributed_holds(s, index, false);
+	const uint32_t unattributed = unattributed_holds(s, index, wait);
 	if (!unattributed)
 		return true;
-	if (now - since <= unattributed_hold_bound)
+	if (now - wait.since <= unattributed_hold_bound)
 		return false;
 	log_error("key-table slot %u: withdrawn while %u unattributed remote hold(s) remain",
 		  index, unattributed);
-	unattributed_holds(s, index, true);
+	give_up_holds(index, wait);
 	return true;
 }
 

@@ -243,12 +243,21 @@ public:
 	 * except holds of processes that died holding it (released here) and,
 	 * after 2 s, unattributed remote holds (logged). */
 	void unpublish(uint32_t index);
+	/* A withdrawal's wait for unattributed holds, across tries. */
+	struct Wait {
+		/* The first try (set by it: the epoch before). */
+		std::chrono::steady_clock::time_point since{};
+		/* The fewest unattributed holds any try saw: what a give-up
+		 * writes off, never a hold counted only for a moment (an
+		 * acquire that found the key withdrawn). */
+		uint32_t fewest = UINT32_MAX;
+	};
 	/* The same without waiting, for a send queue (lib/mw.h), which must
 	 * not wait for holders under its lock: withdraws the key; true once
 	 * no hold of it remains (dead processes' are released), or once only
-	 * unattributed remote holds remain 2 s after `since`, the time of the
-	 * first try of this withdrawal (set here when it is the epoch). */
-	bool try_unpublish(uint32_t index, std::chrono::steady_clock::time_point &since);
+	 * unattributed remote holds remain 2 s after the first try. `wait`
+	 * lives from the first try to the one that returns true. */
+	bool try_unpublish(uint32_t index, Wait &wait);
 	/* Gives an unpublished slot back. Indices are reused only after a
 	 * delay, and with another variant, so stale keys keep failing. */
 	void release(uint32_t index, bool window = false);
@@ -280,10 +289,13 @@ private:
 	KeySlot *slot(uint32_t index) const;
 	KeySlot &slot_alloc(uint32_t index); /* under lock_ */
 	/* The slot's unattributed remote holds that no earlier withdrawal
-	 * gave up on; `give_up` makes every one it sees given up on. A count
-	 * given up on is not waited for again until a withdrawal sees it
-	 * lower (those holds were alive after all, and let go). */
-	uint32_t unattributed_holds(const KeySlot &s, uint32_t index, bool give_up);
+	 * gave up on (the fewest seen is noted in `wait`). A count given up
+	 * on is not waited for again until a withdrawal sees it lower (those
+	 * holds were alive after all, and let go). */
+	uint32_t unattributed_holds(const KeySlot &s, uint32_t index, Wait &wait);
+	/* The withdrawal stops waiting: the fewest holds it saw are given up
+	 * on. */
+	void give_up_holds(uint32_t index, const Wait &wait);
 
 	const uint32_t max_mr_, index_space_;
 	const int shared_device_ = -1; /* >= 0: chunks in that device's segment */

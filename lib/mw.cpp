@@ -52,17 +52,17 @@ void drain(Mw &mw)
 {
 	mw.keys->unpublish(mw.index);
 	mw.bound_mr = 0;
-	mw.drain_since = {};
+	mw.drain_wait = {};
 }
 
 /* The same for a send queue: false while holds remain (the key is
  * withdrawn all the same). */
 bool try_drain(Mw &mw)
 {
-	if (!mw.keys->try_unpublish(mw.index, mw.drain_since))
+	if (!mw.keys->try_unpublish(mw.index, mw.drain_wait))
 		return false;
 	mw.bound_mr = 0;
-	mw.drain_since = {};
+	mw.drain_wait = {};
 	return true;
 }
 

@@ -58,9 +58,9 @@ struct Mw {
 	std::mutex lock;
 	uint32_t bound_mr = 0; /* that MR's key-table slot; 0: none */
 	uint32_t key = 0;      /* the key that binding was published under */
-	/* When a send queue first found holds of the withdrawn key left
-	 * (KeyTable::try_unpublish()); the epoch once drained. */
-	std::chrono::steady_clock::time_point drain_since{};
+	/* A send queue's wait for the holds of the withdrawn key
+	 * (KeyTable::try_unpublish()); reset once drained. */
+	KeyTable::Wait drain_wait;
 
 	struct ibv_mw *abi() { return &ibv; }
 	static Mw *from(struct ibv_mw *mw) { return reinterpret_cast<Mw *>(mw); }

@@ -267,12 +267,12 @@ TEST_CASE("unpublish waits 2 s for an unattributed hold, and a hold it gave up o
 	 * first try, then true. */
 	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
 	slot.anonymous.fetch_add(1);
-	std::chrono::steady_clock::time_point since{};
-	CHECK_FALSE(t.try_unpublish(index, since));
-	CHECK(since != std::chrono::steady_clock::time_point{});
-	since -= std::chrono::milliseconds(2100);
-	CHECK(t.try_unpublish(index, since));
-	std::chrono::steady_clock::time_point again{};
+	KeyTable::Wait wait;
+	CHECK_FALSE(t.try_unpublish(index, wait));
+	CHECK(wait.since != std::chrono::steady_clock::time_point{});
+	wait.since -= std::chrono::milliseconds(2100);
+	CHECK(t.try_unpublish(index, wait));
+	KeyTable::Wait again;
 	CHECK(t.try_unpublish(index, again));
 
 	/* Those holds let go after all (they were alive): once a withdrawal
@@ -282,9 +282,27 @@ TEST_CASE("unpublish waits 2 s for an unattributed hold, and a hold it gave up o
 	CHECK(timed_unpublish() < std::chrono::milliseconds(500));
 	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
 	slot.anonymous.fetch_add(1);
-	std::chrono::steady_clock::time_point fresh{};
+	KeyTable::Wait fresh;
 	CHECK_FALSE(t.try_unpublish(index, fresh));
 	slot.anonymous.fetch_sub(1);
 	CHECK(t.try_unpublish(index, fresh));
+
+	/* A give-up writes off the fewest holds its tries saw, not a count
+	 * that was up for a moment (an acquire that found the key withdrawn
+	 * and took its count back), so a hold that came later is waited for. */
+	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
+	slot.anonymous.fetch_add(1); /* a dead process's */
+	KeyTable::Wait brief;
+	CHECK_FALSE(t.try_unpublish(index, brief));
+	slot.anonymous.fetch_add(1); /* the passing acquire */
+	brief.since -= std::chrono::milliseconds(2100);
+	CHECK(t.try_unpublish(index, brief));
+	slot.anonymous.fetch_sub(1); /* it let go */
+	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
+	slot.anonymous.fetch_add(1); /* a live hold */
+	KeyTable::Wait later;
+	CHECK_FALSE(t.try_unpublish(index, later));
+	slot.anonymous.fetch_sub(2);
+	CHECK(t.try_unpublish(index, later));
 	t.release(index);
 }
