@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* A forked child with a bounded wait: for a test whose failure may be a
+/* A child process with a bounded wait: for a test whose failure may be a
  * hang (a deadlock, a lost wake-up) or a crash, which the child takes and
- * the test binary reports. */
+ * the test binary reports. run_child() forks and runs a function; a child
+ * that starts threads must be run_self() instead (a fresh exec of this
+ * binary), since ThreadSanitizer refuses threads after a multi-threaded
+ * fork. */
 #pragma once
 
 #include <signal.h>
@@ -10,6 +13,8 @@
 #include <unistd.h>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace shmv_test {
 
@@ -45,6 +50,28 @@ inline int run_child(const std::function<int()> &fn, int timeout_s = 10, pid_t *
 	}
 	if (out_pid)
 		*out_pid = pid;
+	return wait_child(pid, timeout_s);
+}
+
+/* This test binary again, with `args` (a Catch2 test spec for the hidden
+ * test that is the child), waited for as wait_child() does: its exit
+ * status, 0 when that test passed. */
+inline int run_self(const std::vector<std::string> &args, int timeout_s = 10)
+{
+	std::vector<char *> argv;
+	std::string self = "/proc/self/exe";
+	argv.push_back(self.data());
+	std::vector<std::string> copy = args;
+	for (std::string &a : copy)
+		argv.push_back(a.data());
+	argv.push_back(nullptr);
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		execv(argv[0], argv.data());
+		_exit(127);
+	}
 	return wait_child(pid, timeout_s);
 }
 

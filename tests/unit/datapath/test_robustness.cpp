@@ -329,79 +329,76 @@ struct ibv_send_wr write_to(Pair &p)
 
 } // namespace
 
-/* The tests below run where a deadlock is a hang: in a child process,
- * which the test kills after its bound. */
+/* The tests below run where a deadlock is a hang: in a child process (the
+ * test binary again, running the hidden test of the same scenario), which
+ * the test kills after its bound. */
 
-TEST_CASE("a poll batch that deregisters an MR while a post overruns the CQ does not deadlock",
-	  "[robust][overrun]")
+TEST_CASE("child: a poll batch deregisters an MR while a post overruns the CQ",
+	  "[.overrun-batch-child]")
 {
 	/* The poster holds its QP's send lock while it reports the overrun
 	 * (IBV_EVENT_CQ_ERR); the batch holds the CQ's poll lock, and
 	 * ibv_dereg_mr() makes every engine drop its holds under its send
 	 * lock. */
-	const int rc = shmv_test::run_child(
-		[] {
-			Pair p(one_entry_cq());
-			const struct ibv_send_wr wr = write_to(p);
-			if (int err = open_batch(p, wr))
-				return err;
-			/* With the batch open, two more completions overrun the
-			 * one-entry CQ (whether or not the batch freed its slot).
-			 * Both posts return unless the report waits for the
-			 * batch: the deregistration waits for that, 2 s at most. */
-			std::atomic<bool> posted{false};
-			std::thread poster([&] {
-				Pair::post8(p.a, IBV_WR_RDMA_WRITE, 2, wr);
-				Pair::post8(p.a, IBV_WR_RDMA_WRITE, 3, wr);
-				posted = true;
-			});
-			for (int i = 0; i < 2000 && !posted; i++)
-				std::this_thread::sleep_for(std::chrono::milliseconds(1));
-			struct ibv_mr *mr = ibv_reg_mr(p.pd, p.a.at(0), 64, IBV_ACCESS_LOCAL_WRITE);
-			if (!mr || ibv_dereg_mr(mr))
-				return 3;
-			ibv_end_poll(p.a.cqx);
-			poster.join();
-			struct ibv_async_event ev;
-			if (ibv_get_async_event(p.ctx, &ev))
-				return 4;
-			const bool cq_err = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == p.a.cq;
-			ibv_ack_async_event(&ev);
-			return cq_err ? 0 : 5;
-		},
-		20);
-	CHECK(rc == 0);
+	Pair p(one_entry_cq());
+	const struct ibv_send_wr wr = write_to(p);
+	REQUIRE(open_batch(p, wr) == 0);
+	/* With the batch open, two more completions overrun the one-entry CQ
+	 * (whether or not the batch freed its slot). Both posts return unless
+	 * the report waits for the batch: the deregistration waits for them,
+	 * 2 s at most. */
+	std::atomic<bool> posted{false};
+	std::thread poster([&] {
+		Pair::post8(p.a, IBV_WR_RDMA_WRITE, 2, wr);
+		Pair::post8(p.a, IBV_WR_RDMA_WRITE, 3, wr);
+		posted = true;
+	});
+	for (int i = 0; i < 2000 && !posted; i++)
+		std::this_thread::sleep_for(std::chrono::milliseconds(1));
+	struct ibv_mr *mr = ibv_reg_mr(p.pd, p.a.at(0), 64, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr);
+	CHECK((mr && ibv_dereg_mr(mr) == 0));
+	ibv_end_poll(p.a.cqx);
+	poster.join();
+	struct ibv_async_event ev;
+	REQUIRE(ibv_get_async_event(p.ctx, &ev) == 0);
+	CHECK(ev.event_type == IBV_EVENT_CQ_ERR);
+	CHECK(ev.element.cq == p.a.cq);
+	ibv_ack_async_event(&ev);
 }
 
-TEST_CASE("a poll batch that queries a QP being reset does not deadlock", "[robust]")
+TEST_CASE("a poll batch that deregisters an MR while a post overruns the CQ does not deadlock",
+	  "[robust][overrun]")
+{
+	CHECK(shmv_test::run_self({"[overrun-batch-child]"}, 20) == 0);
+}
+
+TEST_CASE("child: a poll batch queries a QP being reset", "[.reset-batch-child]")
 {
 	/* The reset removes the QP's completions from the CQ, which waits for
 	 * the batch's poll lock; the batch's ibv_query_qp() takes the QP's
 	 * lock, which the reset must not hold meanwhile (libmlx5 cleans the
 	 * CQ after the command, under no QP lock). */
-	const int rc = shmv_test::run_child(
-		[] {
-			Pair p(one_entry_cq());
-			if (int err = open_batch(p, write_to(p)))
-				return err;
-			std::thread resetter([&] {
-				struct ibv_qp_attr a{};
-				a.qp_state = IBV_QPS_RESET;
-				ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE);
-			});
-			/* Time for the reset to reach the CQ (if it did not yet,
-			 * the test passes without telling anything). */
-			std::this_thread::sleep_for(std::chrono::milliseconds(200));
-			struct ibv_qp_attr attr{};
-			struct ibv_qp_init_attr init{};
-			if (ibv_query_qp(p.a.qp, &attr, IBV_QP_STATE, &init))
-				return 3;
-			ibv_end_poll(p.a.cqx);
-			resetter.join();
-			if (ibv_query_qp(p.a.qp, &attr, IBV_QP_STATE, &init))
-				return 4;
-			return attr.qp_state == IBV_QPS_RESET ? 0 : 5;
-		},
-		20);
-	CHECK(rc == 0);
+	Pair p(one_entry_cq());
+	REQUIRE(open_batch(p, write_to(p)) == 0);
+	std::thread resetter([&] {
+		struct ibv_qp_attr a{};
+		a.qp_state = IBV_QPS_RESET;
+		ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE);
+	});
+	/* Time for the reset to reach the CQ (if it did not yet, the test
+	 * passes without telling anything). */
+	std::this_thread::sleep_for(std::chrono::milliseconds(200));
+	struct ibv_qp_attr attr{};
+	struct ibv_qp_init_attr init{};
+	CHECK(ibv_query_qp(p.a.qp, &attr, IBV_QP_STATE, &init) == 0);
+	ibv_end_poll(p.a.cqx);
+	resetter.join();
+	REQUIRE(ibv_query_qp(p.a.qp, &attr, IBV_QP_STATE, &init) == 0);
+	CHECK(attr.qp_state == IBV_QPS_RESET);
+}
+
+TEST_CASE("a poll batch that queries a QP being reset does not deadlock", "[robust]")
+{
+	CHECK(shmv_test::run_self({"[reset-batch-child]"}, 20) == 0);
 }
