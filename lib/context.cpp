@@ -7,6 +7,7 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -196,9 +197,22 @@ int Context::get_async_event(struct ibv_async_event &event)
 void Context::drop_queued_events(const void *object)
 {
 	std::lock_guard guard(event_lock);
-	std::erase_if(events, [object](const struct ibv_async_event &e) {
+	const size_t dropped = std::erase_if(events, [object](const struct ibv_async_event &e) {
 		return event_object(e) == object;
 	});
+	/* Their tokens go too, so that async_fd does not poll readable with
+	 * nothing to read (an application that polls and then blocks in
+	 * ibv_get_async_event() would wait for the next event). Tokens stand
+	 * for no event in particular; one a reader already took finds no
+	 * event and that reader waits for the next one, as it should. Never
+	 * a blocking read, whatever the application made of the fd: with no
+	 * RWF_NOWAIT (a kernel without it for eventfds), the tokens stay and
+	 * get_async_event() skips them. */
+	uint64_t token;
+	struct iovec iov = {&token, sizeof(token)};
+	for (size_t i = 0; i < dropped; i++)
+		if (::preadv2(vctx.context.async_fd, &iov, 1, -1, RWF_NOWAIT) != sizeof(token))
+			break;
 }
 
 void AsyncEventCounter::report()

@@ -246,6 +246,7 @@ TEST_CASE("an SRQ_LIMIT_REACHED not read yet dies with its SRQ", "[srq][limit]")
 	REQUIRE(shmverbs_inject_srq_posted(srq, 9) == 0);
 	REQUIRE(readable(d.ctx->async_fd, 1000));
 	CHECK(ibv_destroy_srq(srq) == 0);
+	CHECK_FALSE(readable(d.ctx->async_fd, 0));
 	REQUIRE(fcntl(d.ctx->async_fd, F_SETFL, fcntl(d.ctx->async_fd, F_GETFL) | O_NONBLOCK) == 0);
 	struct ibv_async_event ev;
 	CHECK(ibv_get_async_event(d.ctx, &ev) != 0);
