@@ -93,7 +93,8 @@ void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bo
 			  CqChannel channel);
 uint64_t monotonic_ns();
 /* deliver_send_completion() from inside a poll batch of the CQ, and the
- * report of an overrun it caused: out of line, rare. */
+ * report of an overrun (IBV_EVENT_CQ_ERR, once; no lock): out of line,
+ * rare. */
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len);
 void report_producer_overrun(Cq &cq);

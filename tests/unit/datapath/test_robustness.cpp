@@ -402,3 +402,30 @@ TEST_CASE("a poll batch that queries a QP being reset does not deadlock", "[robu
 {
 	CHECK(shmv_test::run_self({"[reset-batch-child]"}, 20) == 0);
 }
+
+TEST_CASE("a CQ a peer overran raises IBV_EVENT_CQ_ERR without being polled", "[robust][overrun]")
+{
+	/* b's one-entry CQ takes a's first SEND's completion; the second
+	 * overruns it. The sender sets the ring's word; b's side raises the
+	 * event, whether or not b polls (here it never does). */
+	Pair p(one_entry_cq());
+	p.connect();
+	REQUIRE(Pair::post_recv(p.b, 1, 0, 64) == 0);
+	REQUIRE(Pair::post_recv(p.b, 2, 64, 64) == 0);
+	for (uint64_t id : {10, 11}) {
+		struct ibv_sge sge = {p.a.addr(0), 8, p.a.mr->lkey};
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = id;
+		wr.opcode = IBV_WR_SEND;
+		wr.sg_list = &sge;
+		wr.num_sge = 1; /* unsignaled: a's own CQ stays empty */
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+	}
+	struct pollfd pfd = {p.ctx->async_fd, POLLIN, 0};
+	REQUIRE(poll(&pfd, 1, 2000) == 1);
+	struct ibv_async_event ev;
+	REQUIRE(ibv_get_async_event(p.ctx, &ev) == 0);
+	CHECK(ev.event_type == IBV_EVENT_CQ_ERR);
+	CHECK(ev.element.cq == p.b.cq);
+	ibv_ack_async_event(&ev);
+}
