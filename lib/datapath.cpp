@@ -326,7 +326,7 @@ bool opcode_allowed(enum ibv_qp_type type, int op)
 /* ---- Construction ---- */
 
 QpEngine::QpEngine(Qp &qp)
-	: qp_(qp), seg_(Segment::of(qp.core->device->index)), device_(qp.core->device->index),
+	: qp_(qp), core_(*qp.core), seg_(Segment::of(qp.core->device->index)), device_(qp.core->device->index),
 	  qpn_(qp.core->qp_num), type_(qp.core->type), allowed_ops_(0), direct_ops_(0), lane_ops_(0),
 	  pdn_(qp.pd ? qp.pd->pdn : 0),
 	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq), local_keys_(KeyTable::of(*qp.ctx->device))
@@ -536,8 +536,8 @@ void QpEngine::check_remote_errors()
 	uint32_t err = desc_->remote_error.exchange(shm::remote_error_none);
 	if (err == shm::remote_error_none)
 		return;
-	if (qp_async_error(qp_, IBV_QPS_ERR) && err == shm::remote_error_access)
-		post_qp_event(qp_, IBV_EVENT_QP_ACCESS_ERR);
+	if (qp_async_error(core_, IBV_QPS_ERR) && err == shm::remote_error_access)
+		post_qp_event(core_, IBV_EVENT_QP_ACCESS_ERR);
 }
 
 /* ---- Posting ---- */
@@ -748,7 +748,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 	if (fatal) {
 		/* RC: the QP enters ERR and flushes the rest; UC and UD enter
 		 * SQE and flush the rest of the SQ. */
-		qp_async_error(qp_, send_error_state());
+		qp_async_error(core_, send_error_state());
 	} else if (queued && progress()) {
 		progress_wait(this);
 	}
@@ -813,7 +813,7 @@ int QpEngine::submit(std::span<SendWr> batch)
 	if (list)
 		progress_hold(this);
 	if (fatal)
-		qp_async_error(qp_, send_error_state());
+		qp_async_error(core_, send_error_state());
 	else if (queued && progress())
 		progress_wait(this);
 	return 0;
@@ -1041,7 +1041,7 @@ bool QpEngine::progress()
 		if (fatal) {
 			/* RC: the QP enters ERR and flushes the rest; UC
 			 * and UD enter SQE and flush the rest of the SQ. */
-			qp_async_error(qp_, send_error_state());
+			qp_async_error(core_, send_error_state());
 			return false;
 		}
 	}

@@ -637,7 +637,12 @@ private:
 	 * between cores that then overlaps the work before its use. */
 	void prefetch_send_lines();
 
+	/* The handle that created the QP: for a shared XRC target one of
+	 * several, which may be destroyed before the others, so what the
+	 * engine may do after that (its responder's errors) goes through the
+	 * core, which lives as long as the engine. */
 	Qp &qp_;
+	QpCore &core_;
 	Segment &seg_;
 	uint32_t device_;
 	uint32_t qpn_;

@@ -224,9 +224,8 @@ void post_event_locked(QpCore &core, enum ibv_event_type type)
 
 /* The state change itself, with the core locked: record it, tell the data
  * path, and raise the events the hardware raises for it. */
-void enter_state(Qp &qp, enum ibv_qp_state from, enum ibv_qp_state to)
+void enter_state(QpCore &core, enum ibv_qp_state from, enum ibv_qp_state to)
 {
-	QpCore &core = *qp.core;
 	core.attr.qp_state = to;
 	core.attr.cur_qp_state = to;
 	if (to == IBV_QPS_ERR) {
@@ -733,7 +732,7 @@ int modify_qp_locked(Qp &qp, const struct ibv_qp_attr &request, int attr_mask, b
 	updated.qp_state = actual;
 	core.attr = updated;
 	if (next != actual || next == IBV_QPS_ERR) {
-		enter_state(qp, actual, next);
+		enter_state(core, actual, next);
 		reset = next == IBV_QPS_RESET;
 	}
 	else if (core.data_path)
@@ -839,9 +838,8 @@ int detach_mcast(Qp &qp, const union ibv_gid &gid, uint16_t lid)
 	return 0;
 }
 
-bool qp_async_error(Qp &qp, enum ibv_qp_state to)
+bool qp_async_error(QpCore &core, enum ibv_qp_state to)
 {
-	QpCore &core = *qp.core;
 	std::lock_guard guard(core.lock);
 	enum ibv_qp_state from = core.state();
 	if (from == IBV_QPS_RESET || (to != IBV_QPS_SQE && to != IBV_QPS_ERR))
@@ -850,14 +848,14 @@ bool qp_async_error(Qp &qp, enum ibv_qp_state to)
 	 * to ERR: ERR stays (there is no way back from it but RESET). */
 	if (to == IBV_QPS_SQE && from == IBV_QPS_ERR)
 		return false;
-	enter_state(qp, from, to);
+	enter_state(core, from, to);
 	return true;
 }
 
-void post_qp_event(Qp &qp, enum ibv_event_type type)
+void post_qp_event(QpCore &core, enum ibv_event_type type)
 {
-	std::lock_guard guard(qp.core->lock);
-	post_event_locked(*qp.core, type);
+	std::lock_guard guard(core.lock);
+	post_event_locked(core, type);
 }
 
 void set_qp_data_path(Qp &qp, std::unique_ptr<QpDataPath> dp)

@@ -152,11 +152,13 @@ int detach_mcast(Qp &qp, const union ibv_gid &gid, uint16_t lid);
 /* For the data path: the QP met an error on its own and moves to SQE (an
  * unreliable send failed) or ERR, flushing as a modify would. Returns false
  * when the QP is in RESET (nothing to fail). */
-bool qp_async_error(Qp &qp, enum ibv_qp_state to);
+bool qp_async_error(QpCore &core, enum ibv_qp_state to);
 
 /* Posts an async event about the QP to each of its handles (as the kernel
- * does for shared XRC targets), except those being destroyed. */
-void post_qp_event(Qp &qp, enum ibv_event_type type);
+ * does for shared XRC targets), except those being destroyed. Both take
+ * the core, which the data path shares with every handle: a shared XRC
+ * target's handles come and go while its engine lives. */
+void post_qp_event(QpCore &core, enum ibv_event_type type);
 
 /* Installs a data path on a QP (tests do this with a recording fake). */
 void set_qp_data_path(Qp &qp, std::unique_ptr<QpDataPath> dp);

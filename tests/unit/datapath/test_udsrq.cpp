@@ -679,6 +679,64 @@ TEST_CASE("XRC: a WRITE the XRC_RECV QP did not enable is a remote access error"
 	CHECK(ibv_destroy_cq(cq) == 0);
 }
 
+/* A shared XRC target outlives the handle that created it; what its
+ * responder meets afterwards (a remote access error here) reaches the
+ * handles left. */
+TEST_CASE("XRC: a target's responder error after its creating handle is destroyed", "[xrc]")
+{
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_xrcd *xrcd = open_xrcd(d);
+	REQUIRE((cq && xrcd));
+	struct ibv_srq *srq = make_xrc_srq(d, xrcd, cq);
+	REQUIRE(srq);
+	uint32_t srqn = 0;
+	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
+	struct ibv_qp *created = make_xrc_recv(d, xrcd);
+	struct ibv_qp *sqp = make_xrc_send(d, cq);
+	REQUIRE((created && sqp));
+	REQUIRE(to_rts(created, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
+	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, created->qp_num, d.port.lid) == 0);
+	struct ibv_qp_open_attr oa{};
+	oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+	oa.qp_num = created->qp_num;
+	oa.xrcd = xrcd;
+	oa.qp_type = IBV_QPT_XRC_RECV;
+	struct ibv_qp *opened = ibv_open_qp(d.ctx, &oa);
+	REQUIRE(opened);
+	REQUIRE(ibv_destroy_qp(created) == 0);
+
+	/* A WRITE the target does not allow (to_rts grants no access). */
+	std::vector<uint64_t> target(4, 0);
+	struct ibv_mr *mr = ibv_reg_mr(d.pd, target.data(), 32,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(mr);
+	struct ibv_sge s = d.sge(0, 8);
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.qp_type.xrc.remote_srqn = srqn;
+	wr.wr.rdma.remote_addr = uint64_t(uintptr_t(target.data()));
+	wr.wr.rdma.rkey = mr->rkey;
+	REQUIRE(ibv_post_send(sqp, &wr, &bad) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(poll_one(cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+	CHECK(wait_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, opened));
+	struct ibv_qp_attr a{};
+	struct ibv_qp_init_attr ia{};
+	REQUIRE(ibv_query_qp(opened, &a, IBV_QP_STATE, &ia) == 0);
+	CHECK(a.qp_state == IBV_QPS_ERR);
+	CHECK(ibv_destroy_qp(sqp) == 0);
+	CHECK(ibv_destroy_qp(opened) == 0);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(ibv_destroy_srq(srq) == 0);
+	CHECK(ibv_close_xrcd(xrcd) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
 /* ---- UD ---- */
 
 struct UdPair {

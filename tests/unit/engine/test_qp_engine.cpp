@@ -756,7 +756,7 @@ TEST_CASE("destroy waits until the events the application read are acknowledged"
 {
 	Env e;
 	Qp *qp = e.create(IBV_QPT_RC);
-	post_qp_event(*qp, IBV_EVENT_COMM_EST);
+	post_qp_event(*qp->core, IBV_EVENT_COMM_EST);
 	struct ibv_async_event ev{};
 	REQUIRE(next_event(*e.ctx, ev));
 	CHECK(ev.event_type == IBV_EVENT_COMM_EST);
@@ -773,7 +773,7 @@ TEST_CASE("destroy drops the events the application never read", "[qp][events]")
 {
 	Env e;
 	Qp *qp = e.create(IBV_QPT_RC);
-	post_qp_event(*qp, IBV_EVENT_COMM_EST);
+	post_qp_event(*qp->core, IBV_EVENT_COMM_EST);
 	auto done = std::async(std::launch::async, [&] { return destroy_qp(*qp); });
 	REQUIRE(done.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
 	CHECK(done.get() == 0);
@@ -843,7 +843,7 @@ TEST_CASE("data path hooks: ERR flushes, RESET empties, others are told", "[qp][
 	set_qp_data_path(*qp, std::make_unique<RecordingDataPath>(&log));
 	bring_to(*qp, IBV_QPS_RTS);
 	/* The data path reports a send error on an unreliable QP... */
-	REQUIRE(qp_async_error(*qp, IBV_QPS_SQE));
+	REQUIRE(qp_async_error(*qp->core, IBV_QPS_SQE));
 	CHECK(state_of(*qp) == IBV_QPS_SQE);
 	/* ...which the application recovers from, asserting the state. */
 	struct ibv_qp_attr a = good_attr(IBV_QPS_RTS);
@@ -853,7 +853,7 @@ TEST_CASE("data path hooks: ERR flushes, RESET empties, others are told", "[qp][
 	REQUIRE(modify_qp(*qp, a, IBV_QP_STATE) == 0);
 	a = good_attr(IBV_QPS_RESET);
 	REQUIRE(modify_qp(*qp, a, IBV_QP_STATE) == 0);
-	CHECK_FALSE(qp_async_error(*qp, IBV_QPS_ERR)); /* nothing to fail in RESET */
+	CHECK_FALSE(qp_async_error(*qp->core, IBV_QPS_ERR)); /* nothing to fail in RESET */
 	const std::vector<std::string> want = {"RESET>INIT", "INIT>RTR", "RTR>RTS", "RTS>SQE",
 					       "SQE>RTS",    "flush",	 "reset"};
 	CHECK(log == want);
