@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "srq_ring.h"
 
+#include "cq_produce.h"
 #include "datapath.h"
 #include "datapath_internal.h"
 #include "device.h"
@@ -37,6 +38,12 @@ void poll_limit(void *arg)
 	uint32_t seen = r->rq->limit_seen.exchange(0, std::memory_order_acq_rel);
 	if (seen)
 		srq_update_posted(r->srq, seen - 1);
+	/* An XRC SRQ's CQ, which senders reach through no QP of ours: an
+	 * overrun they caused is raised here, as QpEngine's sweep does for
+	 * the CQs of QPs. */
+	const Cq *cq = r->srq.cq;
+	if (cq && cq->ring && cq->ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
+		cq_detail::report_producer_overrun(*r->srq.cq);
 }
 
 } // namespace

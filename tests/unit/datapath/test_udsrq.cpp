@@ -737,6 +737,37 @@ TEST_CASE("XRC: a target's responder error after its creating handle is destroye
 	CHECK(ibv_destroy_cq(cq) == 0);
 }
 
+TEST_CASE("XRC: an SRQ's CQ that senders overran raises IBV_EVENT_CQ_ERR unpolled", "[xrc]")
+{
+	/* The XRC SRQ's CQ is fed through no QP of its owner's, the SEND
+	 * completions go to another CQ: two SENDs into a one-entry CQ. */
+	Dev d;
+	struct ibv_cq *scq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_cq *rcq = ibv_create_cq(d.ctx, 1, nullptr, nullptr, 0);
+	struct ibv_xrcd *xrcd = open_xrcd(d);
+	REQUIRE((scq && rcq && xrcd));
+	struct ibv_srq *srq = make_xrc_srq(d, xrcd, rcq);
+	REQUIRE(srq);
+	uint32_t srqn = 0;
+	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
+	struct ibv_qp *rqp = make_xrc_recv(d, xrcd);
+	struct ibv_qp *sqp = make_xrc_send(d, scq);
+	REQUIRE((rqp && sqp));
+	REQUIRE(to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
+	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
+	REQUIRE(post_srq(srq, d.sge(0, 64), 1) == 0);
+	REQUIRE(post_srq(srq, d.sge(64, 64), 2) == 0);
+	REQUIRE(send(sqp, d.sge(128, 8), 10, nullptr, 0, 0, srqn) == 0);
+	REQUIRE(send(sqp, d.sge(128, 8), 11, nullptr, 0, 0, srqn) == 0);
+	CHECK(wait_async(d.ctx, IBV_EVENT_CQ_ERR, rcq, 2000));
+	CHECK(ibv_destroy_qp(sqp) == 0);
+	CHECK(ibv_destroy_qp(rqp) == 0);
+	CHECK(ibv_destroy_srq(srq) == 0);
+	CHECK(ibv_close_xrcd(xrcd) == 0);
+	CHECK(ibv_destroy_cq(rcq) == 0);
+	CHECK(ibv_destroy_cq(scq) == 0);
+}
+
 /* ---- UD ---- */
 
 struct UdPair {
