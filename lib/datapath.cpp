@@ -431,7 +431,7 @@ void QpEngine::quiesce()
 
 void QpEngine::snapshot_attr()
 {
-	attr_ = qp_.core->attr;
+	attr_ = core_.attr;
 	if (!desc_)
 		return;
 	desc_->qkey.store(attr_.qkey);
@@ -563,7 +563,7 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 {
 	if (!rq_) {
 		*bad_wr = wr;
-		return qp_.srq ? EINVAL : ENOMEM;
+		return core_.has_srq ? EINVAL : ENOMEM;
 	}
 	remote_error_first();
 	int st = state_.load();
@@ -580,12 +580,12 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 			 * process, just written by the SEND we are answering):
 			 * read it only when neither the copy we have nor what
 			 * the receive CQ's poller saw says there is room. */
-			if (tail - rq_head_seen_ >= qp_.core->caps.created.max_recv_wr && rq_polled_)
+			if (tail - rq_head_seen_ >= core_.caps.created.max_recv_wr && rq_polled_)
 				rq_head_seen_ = std::max(rq_head_seen_,
 							 rq_polled_->head.load(std::memory_order_acquire));
-			if (tail - rq_head_seen_ >= qp_.core->caps.created.max_recv_wr)
+			if (tail - rq_head_seen_ >= core_.caps.created.max_recv_wr)
 				rq_head_seen_ = rq_->head.load(std::memory_order_acquire);
-			if (tail - rq_head_seen_ >= qp_.core->caps.created.max_recv_wr) {
+			if (tail - rq_head_seen_ >= core_.caps.created.max_recv_wr) {
 				*bad_wr = wr;
 				return ENOMEM;
 			}
@@ -613,7 +613,7 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 
 int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 {
-	const QpCaps &caps = qp_.core->caps;
+	const QpCaps &caps = core_.caps;
 	w.opcode = wr->opcode;
 	w.wr_id = wr->wr_id;
 	w.send_flags = wr->send_flags;
@@ -691,7 +691,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 		*bad_wr = wr;
 		return EINVAL;
 	}
-	const QpCaps &caps = qp_.core->caps;
+	const QpCaps &caps = core_.caps;
 	int err = 0;
 	bool fatal = false, queued = false, list = false;
 	{
@@ -786,7 +786,7 @@ int QpEngine::submit(std::span<SendWr> batch)
 		/* empty() first, as in post_send(): a deque's size() is
 		 * arithmetic on its map. */
 		if ((sq_.empty() ? 0 : sq_.size()) + batch.size() >
-		    qp_.core->caps.created.max_send_wr)
+		    core_.caps.created.max_send_wr)
 			return ENOMEM;
 		if (!batch.empty() && in_mask(direct_ops_ & send_ops, batch[0].opcode))
 			prefetch_send_lines(); /* RC, UC */
@@ -995,7 +995,7 @@ void QpEngine::forget_holds()
 void QpEngine::complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_wr_opcode opcode,
 			     enum ibv_wc_status status, uint32_t byte_len)
 {
-	bool signaled = (send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all;
+	bool signaled = (send_flags & IBV_SEND_SIGNALED) || core_.sq_sig_all;
 	if (status == IBV_WC_SUCCESS && !signaled)
 		return;
 	if (!send_cq_)
@@ -1628,7 +1628,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 			uint64_t length = 0;
 			for (const struct ibv_sge &s : sge)
 				length += s.length;
-			if (length > qp_.core->caps.created.max_inline_data)
+			if (length > core_.caps.created.max_inline_data)
 				return Direct::NotTaken;
 		}
 		return run_direct_ud(wr.wr_id,
@@ -1706,7 +1706,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	if (s.length)
 		copy_payload(held.local(remote), from, s.length);
 	local_refs_.end_wr();
-	if ((send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all)
+	if ((send_flags & IBV_SEND_SIGNALED) || core_.sq_sig_all)
 		complete_send(wr_id, send_flags, IBV_WR_RDMA_WRITE, IBV_WC_SUCCESS, s.length);
 	return true;
 }
@@ -1736,7 +1736,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	local_refs_.end_wr();
 	if (!sent)
 		return false;
-	if ((send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all)
+	if ((send_flags & IBV_SEND_SIGNALED) || core_.sq_sig_all)
 		complete_send(wr_id, send_flags, opcode, IBV_WC_SUCCESS, s.length);
 	return true;
 }
@@ -1781,7 +1781,7 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 		return Direct::NotTaken;
 	/* ibv_post_send's inline data over the limit: fill()'s EINVAL (the
 	 * builders checked theirs). direct_local() took no key for it. */
-	if (wr.inlined && length > qp_.core->caps.created.max_inline_data)
+	if (wr.inlined && length > core_.caps.created.max_inline_data)
 		return Direct::NotTaken;
 	struct ibv_wc wc;
 	wc.byte_len = uint32_t(length);

@@ -405,7 +405,6 @@ public:
 	 * inside an operation on this QP. */
 	void quiesce();
 
-	Qp &qp() { return qp_; }
 
 private:
 	enum class Outcome { Done, Wait, Fatal };
@@ -530,7 +529,7 @@ private:
 	{
 		from = reinterpret_cast<const void *>(s.addr);
 		if (inlined)
-			return s.length <= qp_.core->caps.created.max_inline_data;
+			return s.length <= core_.caps.created.max_inline_data;
 		if (!s.length)
 			return true;
 		const KeyRef *ref = local_refs_.get(local_keys_, s.lkey);
@@ -638,9 +637,10 @@ private:
 	void prefetch_send_lines();
 
 	/* The handle that created the QP: for a shared XRC target one of
-	 * several, which may be destroyed before the others, so what the
-	 * engine may do after that (its responder's errors) goes through the
-	 * core, which lives as long as the engine. */
+	 * several, which may be destroyed before the others. The engine uses
+	 * it only on the send side (its context, for AHs and windows), which
+	 * an XRC target has not; everything else goes through the core, which
+	 * lives as long as the engine. */
 	Qp &qp_;
 	QpCore &core_;
 	Segment &seg_;

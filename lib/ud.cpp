@@ -513,7 +513,7 @@ bool takes_messages(uint32_t st)
 	local_refs_.end_wr();
 	/* complete_send()'s work, inline here (a SEND, with or without
 	 * immediate, completes as IBV_WC_SEND). */
-	if (((wr.send_flags & IBV_SEND_SIGNALED) || qp_.core->sq_sig_all) && send_cq_)
+	if (((wr.send_flags & IBV_SEND_SIGNALED) || core_.sq_sig_all) && send_cq_)
 		deliver_send_completion(*send_cq_, wr.wr_id, IBV_WC_SUCCESS, IBV_WC_SEND, qpn_,
 					s.length);
 	return true;

@@ -729,6 +729,13 @@ TEST_CASE("XRC: a target's responder error after its creating handle is destroye
 	struct ibv_qp_init_attr ia{};
 	REQUIRE(ibv_query_qp(opened, &a, IBV_QP_STATE, &ia) == 0);
 	CHECK(a.qp_state == IBV_QPS_ERR);
+	/* The way out of ERR, through the handle left: RESET, then on. */
+	struct ibv_qp_attr m{};
+	m.qp_state = IBV_QPS_RESET;
+	CHECK(ibv_modify_qp(opened, &m, IBV_QP_STATE) == 0);
+	CHECK(to_rts(opened, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
+	REQUIRE(ibv_query_qp(opened, &a, IBV_QP_STATE, &ia) == 0);
+	CHECK(a.qp_state == IBV_QPS_RTR);
 	CHECK(ibv_destroy_qp(sqp) == 0);
 	CHECK(ibv_destroy_qp(opened) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
