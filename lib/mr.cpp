@@ -388,10 +388,18 @@ bool KeyTable::try_unpublish(uint32_t index, Wait &wait)
 	KeySlot &s = *slot(index);
 	const uint32_t key_was = s.key.load(std::memory_order_relaxed);
 	s.key.store(0, std::memory_order_seq_cst); /* as unpublish() */
+	const bool held =
+		s.readers.load(std::memory_order_seq_cst) != 0 || live_remote_holders(s, key_was);
+	/* The usual case, a key nobody holds: no clock, no lock. */
+	if (!held && s.anonymous.load(std::memory_order_seq_cst) == 0 &&
+	    !any_abandoned_.load(std::memory_order_relaxed))
+		return true;
 	const auto now = std::chrono::steady_clock::now();
-	if (wait.since == std::chrono::steady_clock::time_point{})
-		wait.since = now;
-	if (s.readers.load(std::memory_order_seq_cst) != 0 || live_remote_holders(s, key_was))
+	if (wait.since == std::chrono::steady_clock::time_point{} ||
+	    now - wait.last > std::chrono::milliseconds(100))
+		wait = Wait{now, now, UINT32_MAX};
+	wait.last = now;
+	if (held)
 		return false;
 	const uint32_t unattributed = unattributed_holds(s, index, wait);
 	if (!unattributed)

@@ -245,8 +245,12 @@ public:
 	void unpublish(uint32_t index);
 	/* A withdrawal's wait for unattributed holds, across tries. */
 	struct Wait {
-		/* The first try (set by it: the epoch before). */
-		std::chrono::steady_clock::time_point since{};
+		/* The first try that found holds, and the last (the epoch
+		 * before any). A try long after the last one starts the wait
+		 * anew: the WR that waited was flushed meanwhile (its QP reset
+		 * or destroyed), and its clock must not shorten the next
+		 * one's. */
+		std::chrono::steady_clock::time_point since{}, last{};
 		/* The fewest unattributed holds any try saw: what a give-up
 		 * writes off, never a hold counted only for a moment (an
 		 * acquire that found the key withdrawn). */

@@ -275,6 +275,18 @@ TEST_CASE("unpublish waits 2 s for an unattributed hold, and a hold it gave up o
 	KeyTable::Wait again;
 	CHECK(t.try_unpublish(index, again));
 
+	/* A wait whose last try is long past (the WR that waited was
+	 * flushed) starts over: its old clock gives nothing up. */
+	key = t.publish(index, mr_entry(0, 64, 0), uint8_t(t.variant(index) + 1));
+	slot.anonymous.fetch_add(1);
+	KeyTable::Wait stale;
+	CHECK_FALSE(t.try_unpublish(index, stale));
+	stale.since -= std::chrono::seconds(3);
+	stale.last -= std::chrono::seconds(3);
+	CHECK_FALSE(t.try_unpublish(index, stale));
+	slot.anonymous.fetch_sub(1);
+	CHECK(t.try_unpublish(index, stale));
+
 	/* Those holds let go after all (they were alive): once a withdrawal
 	 * has seen that, nothing is left to skip, and a new one is waited for. */
 	slot.anonymous.fetch_sub(3);
