@@ -378,11 +378,8 @@ bool cq_ring_consume(shm::CqRing &ring, Completion &out, ClaimWatch &watch)
 		       [&](const shm::CqEntry &e, int) { read_entry(e, out); }) == 1;
 }
 
-namespace {
+namespace cq_detail {
 
-/* Raises IBV_EVENT_CQ_ERR once for an overflow that any producer (maybe in
- * another process) recorded in the ring. Any thread, with or without
- * cq.lock. */
 [[gnu::noinline]] void report_overrun(Cq &cq)
 {
 	if (cq.overrun_reported.load(std::memory_order_relaxed) ||
@@ -394,6 +391,12 @@ namespace {
 	ev.event_type = IBV_EVENT_CQ_ERR;
 	cq.ctx->post_async_event(ev);
 }
+
+} // namespace cq_detail
+
+using cq_detail::report_overrun;
+
+namespace {
 
 void write_token(int fd)
 {
@@ -1221,13 +1224,7 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint64_t word, uint64_t pid, uint64_
 				err = EAGAIN;
 				return nullptr;
 			}
-			err = ENOSPC;
-			if (ring.ignore_overrun.load(std::memory_order_relaxed))
-				return nullptr;
-			uint32_t zero = 0;
-			bool first = ring.overrun.compare_exchange_strong(zero, 1);
-			if (overrun_now)
-				*overrun_now = first;
+			err = mark_overrun(ring, overrun_now);
 			return nullptr;
 		}
 		shm::CqEntry *e = a.at(p);
@@ -1294,7 +1291,7 @@ bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p, const int *o
 	}
 }
 
-int resize_stuck(shm::CqRing &ring, bool *overrun_now)
+int mark_overrun(shm::CqRing &ring, bool *overrun_now)
 {
 	if (!ring.ignore_overrun.load(std::memory_order_relaxed)) {
 		uint32_t zero = 0;
@@ -1328,11 +1325,6 @@ int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 	Completion c = make_completion(wr_id, status, opcode, qp_num);
 	c.wc.byte_len = byte_len;
 	return deliver_completion(cq, c);
-}
-
-void report_producer_overrun(Cq &cq)
-{
-	report_overrun(cq);
 }
 
 } // namespace cq_detail

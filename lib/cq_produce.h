@@ -81,23 +81,25 @@ shm::CqEntry *claim_slow(shm::CqRing &ring, uint64_t word, uint64_t pid, uint64_
  * up). false: neither within 10 s (the owner stopped mid-resize), or the
  * owner died (`owner_alive`: its word, nullptr for our own ring). */
 bool wait_moved(const shm::CqRing &ring, uint64_t word, uint64_t p, const int *owner_alive);
-/* The completion a producer could not place because the ring stayed
- * moved (wait_moved() false): the CQ overruns, as a device's CQ that lost
- * a CQE (its owner raises IBV_EVENT_CQ_ERR), rather than losing it
- * silently. ENOSPC. */
-int resize_stuck(shm::CqRing &ring, bool *overrun_now);
+/* A completion the producer cannot place (the ring is full, or stayed
+ * moved: wait_moved() false): the CQ overruns, as a device's CQ that lost
+ * a CQE, unless it ignores overruns; the owner raises IBV_EVENT_CQ_ERR.
+ * *overrun_now: this call overran it first. ENOSPC. */
+int mark_overrun(shm::CqRing &ring, bool *overrun_now);
 /* The publication for a ring whose CQ has a channel: the arm looked at
  * before and after the seq_cst store of `ready`, the token written by the
  * producer that disarmed it. */
 void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bool solicited,
 			  CqChannel channel);
 uint64_t monotonic_ns();
-/* deliver_send_completion() from inside a poll batch of the CQ, and the
- * report of an overrun (IBV_EVENT_CQ_ERR, once; no lock): out of line,
- * rare. */
+/* deliver_send_completion() from inside a poll batch of the CQ: out of
+ * line, rare. */
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len);
-void report_producer_overrun(Cq &cq);
+/* Raises IBV_EVENT_CQ_ERR once for an overrun that any producer (maybe in
+ * another process) recorded in the ring. Any thread, with or without the
+ * CQ's lock. */
+void report_overrun(Cq &cq);
 
 /* What fill_entry() (lib/cq.cpp) writes for the Completion a
  * PlainCompletion stands for, without building it; its last word is the
@@ -173,7 +175,7 @@ template <typename Fill>
 		if (err != EAGAIN)
 			return err;
 		if (!wait_moved(ring, word, p, t.owner_alive))
-			return resize_stuck(ring, overrun_now);
+			return mark_overrun(ring, overrun_now);
 	}
 	/* For the next producer; a plain store, as it is only a hint, not
 	 * moved back when a faster producer moved it further meanwhile. */
@@ -221,7 +223,7 @@ inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status st
 		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); },
 		CqChannel::of(cq.channel ? cq.channel->ibv.fd : -1), &overrun_now, nullptr);
 	if (overrun_now) [[unlikely]]
-		cq_detail::report_producer_overrun(cq);
+		cq_detail::report_overrun(cq);
 	return err;
 }
 

@@ -518,15 +518,16 @@ void QpEngine::flush_locked()
 
 void QpEngine::check_remote_errors()
 {
-	/* A peer that overran one of our CQs through this QP set the ring's
+	/* A peer that overran our receive CQ through this QP set the ring's
 	 * word and raised nothing (it has no way to our async_fd): the event
 	 * comes from here, or from the CQ's next poll, whichever is first, so
 	 * that an application that polls no more (asleep on its completion
 	 * channel, which an overrun never fires) still gets IBV_EVENT_CQ_ERR
-	 * as from a device. A load per CQ. */
-	for (Cq *cq : {recv_cq_, send_cq_})
-		if (cq && cq->ring && cq->ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
-			cq_detail::report_producer_overrun(*cq);
+	 * as from a device. One load. (Only we complete into the send CQ,
+	 * and report what we overrun at once.) */
+	if (recv_cq_ && recv_cq_->ring &&
+	    recv_cq_->ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
+		cq_detail::report_overrun(*recv_cq_);
 	if (!desc_)
 		return;
 	/* A load first: the progress thread sweeps every QP, and a swap would

@@ -13,7 +13,7 @@
  * matters when the thread cannot get a CPU soon (a busy-polling sender and
  * receiver on 2 cores: a sender that met RNR stalled for milliseconds,
  * until the thread ran and listed it). The remote-error check (a load of
- * one descriptor word, and of each of the QP's CQs' overrun word) and the
+ * one descriptor word, and of the QP's receive CQ's overrun word) and the
  * pollers run every 10 ms over all of them.
  *
  * It also ends the holds that engines keep between posts (a target QP's

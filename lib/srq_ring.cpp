@@ -43,7 +43,7 @@ void poll_limit(void *arg)
 	 * the CQs of QPs. */
 	const Cq *cq = r->srq.cq;
 	if (cq && cq->ring && cq->ring->overrun.load(std::memory_order_relaxed)) [[unlikely]]
-		cq_detail::report_producer_overrun(*r->srq.cq);
+		cq_detail::report_overrun(*r->srq.cq);
 }
 
 } // namespace
