@@ -561,36 +561,58 @@ TEST_CASE("XRC_SEND reaches an XRC SRQ in another process through its XRC_RECV Q
 	ibv_destroy_cq(cq);
 }
 
-TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR names", "[xrc]")
-{
-	/* XRC_RECV QPs have no PD: the responder validates rkeys against the
-	 * XRC SRQ's (found by the stress test: every one-sided XRC operation
-	 * failed with REM_ACCESS_ERR). One process takes the same path. */
+namespace {
+
+/* One process's XRC path: an XRC SRQ of a private XRCD (its completions
+ * in `rcq`), an XRC_RECV QP granting `access` and an XRC_SEND QP (its
+ * completions in `cq`), connected. The destructor checks every destroy
+ * (of `rqp` as it is then: a test may swap in another handle). */
+struct XrcLink {
 	Dev d;
-	struct ibv_pd *other = ibv_alloc_pd(d.ctx);
-	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_xrcd *xrcd = open_xrcd(d);
-	REQUIRE((other && cq && xrcd));
-	struct ibv_srq *srq = make_xrc_srq(d, xrcd, cq);
-	REQUIRE(srq);
+	struct ibv_cq *cq = nullptr, *rcq = nullptr;
+	struct ibv_xrcd *xrcd = nullptr;
+	struct ibv_srq *srq = nullptr;
 	uint32_t srqn = 0;
-	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
-	struct ibv_qp *rqp = make_xrc_recv(d, xrcd);
-	struct ibv_qp *sqp = make_xrc_send(d, cq);
-	REQUIRE((rqp && sqp));
-	/* The responder's QP grants remote access (to_rts grants none). */
-	shmv_test::QpPath responder;
-	responder.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-			   IBV_ACCESS_REMOTE_ATOMIC;
-	REQUIRE(shmv_test::qp_to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid, responder) == 0);
-	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
-	const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-			   IBV_ACCESS_REMOTE_ATOMIC;
-	std::vector<uint64_t> target(4, 0), stranger(4, 0);
-	struct ibv_mr *mr = ibv_reg_mr(d.pd, target.data(), 32, remote);
-	struct ibv_mr *other_mr = ibv_reg_mr(other, stranger.data(), 32, remote);
-	REQUIRE((mr && other_mr));
-	auto post = [&](enum ibv_wr_opcode op, struct ibv_sge s, struct ibv_mr *to, uint64_t add) {
+	struct ibv_qp *rqp = nullptr, *sqp = nullptr;
+
+	/* recv_cqe 0: the SRQ completes into `cq` too. */
+	explicit XrcLink(int recv_cqe = 0, unsigned access = 0)
+	{
+		cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+		rcq = recv_cqe ? ibv_create_cq(d.ctx, recv_cqe, nullptr, nullptr, 0) : cq;
+		xrcd = open_xrcd(d);
+		REQUIRE((cq && rcq && xrcd));
+		srq = make_xrc_srq(d, xrcd, rcq);
+		REQUIRE(srq);
+		REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
+		rqp = make_xrc_recv(d, xrcd);
+		sqp = make_xrc_send(d, cq);
+		REQUIRE((rqp && sqp));
+		shmv_test::QpPath responder;
+		responder.qkey = 0x11111111;
+		responder.access = access;
+		REQUIRE(shmv_test::qp_to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid,
+					     responder) == 0);
+		REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
+	}
+	~XrcLink()
+	{
+		CHECK(ibv_destroy_qp(sqp) == 0);
+		CHECK(ibv_destroy_qp(rqp) == 0);
+		CHECK(ibv_destroy_srq(srq) == 0);
+		CHECK(ibv_close_xrcd(xrcd) == 0);
+		if (rcq != cq)
+			CHECK(ibv_destroy_cq(rcq) == 0);
+		CHECK(ibv_destroy_cq(cq) == 0);
+	}
+	XrcLink(const XrcLink &) = delete;
+	XrcLink &operator=(const XrcLink &) = delete;
+
+	/* A signaled one-sided `op` through the SRQ from `s` to `to` (an
+	 * atomic at its second word, adding `add`): its completion's status. */
+	enum ibv_wc_status post(enum ibv_wr_opcode op, struct ibv_sge s, struct ibv_mr *to,
+				uint64_t add = 0)
+	{
 		struct ibv_send_wr wr{};
 		wr.opcode = op;
 		wr.qp_type.xrc.remote_srqn = srqn;
@@ -606,77 +628,67 @@ TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR
 		if (shmv_test::post_send_sge(sqp, wr, s) || poll_one(cq, wc) != 1)
 			return IBV_WC_GENERAL_ERR;
 		return wc.status;
-	};
+	}
+	/* Whether `qp` is in `state`. */
+	static bool in_state(struct ibv_qp *qp, enum ibv_qp_state state)
+	{
+		struct ibv_qp_attr a{};
+		struct ibv_qp_init_attr ia{};
+		return ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == state;
+	}
+};
+
+} // namespace
+
+TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR names", "[xrc]")
+{
+	/* XRC_RECV QPs have no PD: the responder validates rkeys against the
+	 * XRC SRQ's (found by the stress test: every one-sided XRC operation
+	 * failed with REM_ACCESS_ERR). One process takes the same path. The
+	 * responder's QP grants remote access (to_rts grants none). */
+	XrcLink x(0, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	Dev &d = x.d;
+	struct ibv_pd *other = ibv_alloc_pd(d.ctx);
+	REQUIRE(other);
+	const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			   IBV_ACCESS_REMOTE_ATOMIC;
+	std::vector<uint64_t> target(4, 0), stranger(4, 0);
+	struct ibv_mr *mr = ibv_reg_mr(d.pd, target.data(), 32, remote);
+	struct ibv_mr *other_mr = ibv_reg_mr(other, stranger.data(), 32, remote);
+	REQUIRE((mr && other_mr));
 	std::memcpy(d.buf.data(), "xrc-rdma", 8);
-	CHECK(post(IBV_WR_RDMA_WRITE, d.sge(0, 8), mr, 0) == IBV_WC_SUCCESS);
+	CHECK(x.post(IBV_WR_RDMA_WRITE, d.sge(0, 8), mr) == IBV_WC_SUCCESS);
 	CHECK(std::memcmp(target.data(), "xrc-rdma", 8) == 0);
-	CHECK(post(IBV_WR_RDMA_READ, d.sge(64, 8), mr, 0) == IBV_WC_SUCCESS);
+	CHECK(x.post(IBV_WR_RDMA_READ, d.sge(64, 8), mr) == IBV_WC_SUCCESS);
 	CHECK(std::memcmp(d.buf.data() + 64, "xrc-rdma", 8) == 0);
-	CHECK(post(IBV_WR_ATOMIC_FETCH_AND_ADD, d.sge(128, 8), mr, 5) == IBV_WC_SUCCESS);
+	CHECK(x.post(IBV_WR_ATOMIC_FETCH_AND_ADD, d.sge(128, 8), mr, 5) == IBV_WC_SUCCESS);
 	CHECK(target[1] == 5);
 	/* An MR of another PD than the SRQ's: a remote access error. */
-	CHECK(post(IBV_WR_RDMA_WRITE, d.sge(0, 8), other_mr, 0) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(x.post(IBV_WR_RDMA_WRITE, d.sge(0, 8), other_mr) == IBV_WC_REM_ACCESS_ERR);
 	CHECK(stranger[0] == 0);
-	CHECK(wait_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, rqp));
-	CHECK(ibv_destroy_qp(sqp) == 0);
-	CHECK(ibv_destroy_qp(rqp) == 0);
+	CHECK(wait_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, x.rqp));
 	CHECK(ibv_dereg_mr(mr) == 0);
 	CHECK(ibv_dereg_mr(other_mr) == 0);
-	CHECK(ibv_destroy_srq(srq) == 0);
-	CHECK(ibv_close_xrcd(xrcd) == 0);
-	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_dealloc_pd(other) == 0);
 }
 
 TEST_CASE("XRC: a WRITE the XRC_RECV QP did not enable is a remote access error", "[xrc]")
 {
-	/* The access flags that count are the XRC_RECV QP's (to_rts grants
+	/* The access flags that count are the XRC_RECV QP's (XrcLink grants
 	 * none); the test above grants them there and not on the XRC_SEND QP. */
-	Dev d;
-	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_xrcd *xrcd = open_xrcd(d);
-	REQUIRE((cq && xrcd));
-	struct ibv_srq *srq = make_xrc_srq(d, xrcd, cq);
-	REQUIRE(srq);
-	uint32_t srqn = 0;
-	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
-	struct ibv_qp *rqp = make_xrc_recv(d, xrcd);
-	struct ibv_qp *sqp = make_xrc_send(d, cq);
-	REQUIRE((rqp && sqp));
-	REQUIRE(to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
-	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
+	XrcLink x;
+	Dev &d = x.d;
 	std::vector<uint64_t> target(4, 0);
 	struct ibv_mr *mr = ibv_reg_mr(d.pd, target.data(), 32,
 				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	REQUIRE(mr);
 	std::memcpy(d.buf.data(), "xrc-deny", 8);
-	struct ibv_sge s = d.sge(0, 8);
-	struct ibv_send_wr wr{}, *bad = nullptr;
-	wr.opcode = IBV_WR_RDMA_WRITE;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.sg_list = &s;
-	wr.num_sge = 1;
-	wr.qp_type.xrc.remote_srqn = srqn;
-	wr.wr.rdma.remote_addr = uint64_t(uintptr_t(target.data()));
-	wr.wr.rdma.rkey = mr->rkey;
-	REQUIRE(ibv_post_send(sqp, &wr, &bad) == 0);
-	struct ibv_wc wc{};
-	REQUIRE(poll_one(cq, wc) == 1);
-	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+	CHECK(x.post(IBV_WR_RDMA_WRITE, d.sge(0, 8), mr) == IBV_WC_REM_ACCESS_ERR);
 	CHECK(target[0] == 0);
-	CHECK(wait_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, rqp));
-	struct ibv_qp_attr a{};
-	struct ibv_qp_init_attr ia{};
-	REQUIRE(ibv_query_qp(rqp, &a, IBV_QP_STATE, &ia) == 0);
-	CHECK(a.qp_state == IBV_QPS_ERR);
-	REQUIRE(ibv_query_qp(sqp, &a, IBV_QP_STATE, &ia) == 0);
-	CHECK(a.qp_state == IBV_QPS_ERR);
-	CHECK(ibv_destroy_qp(sqp) == 0);
-	CHECK(ibv_destroy_qp(rqp) == 0);
+	CHECK(wait_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, x.rqp));
+	CHECK(XrcLink::in_state(x.rqp, IBV_QPS_ERR));
+	CHECK(XrcLink::in_state(x.sqp, IBV_QPS_ERR));
 	CHECK(ibv_dereg_mr(mr) == 0);
-	CHECK(ibv_destroy_srq(srq) == 0);
-	CHECK(ibv_close_xrcd(xrcd) == 0);
-	CHECK(ibv_destroy_cq(cq) == 0);
 }
 
 /* A shared XRC target outlives the handle that created it; what its
@@ -684,95 +696,46 @@ TEST_CASE("XRC: a WRITE the XRC_RECV QP did not enable is a remote access error"
  * handles left. */
 TEST_CASE("XRC: a target's responder error after its creating handle is destroyed", "[xrc]")
 {
-	Dev d;
-	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_xrcd *xrcd = open_xrcd(d);
-	REQUIRE((cq && xrcd));
-	struct ibv_srq *srq = make_xrc_srq(d, xrcd, cq);
-	REQUIRE(srq);
-	uint32_t srqn = 0;
-	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
-	struct ibv_qp *created = make_xrc_recv(d, xrcd);
-	struct ibv_qp *sqp = make_xrc_send(d, cq);
-	REQUIRE((created && sqp));
-	REQUIRE(to_rts(created, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
-	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, created->qp_num, d.port.lid) == 0);
+	XrcLink x;
+	Dev &d = x.d;
 	struct ibv_qp_open_attr oa{};
 	oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
-	oa.qp_num = created->qp_num;
-	oa.xrcd = xrcd;
+	oa.qp_num = x.rqp->qp_num;
+	oa.xrcd = x.xrcd;
 	oa.qp_type = IBV_QPT_XRC_RECV;
 	struct ibv_qp *opened = ibv_open_qp(d.ctx, &oa);
 	REQUIRE(opened);
-	REQUIRE(ibv_destroy_qp(created) == 0);
+	REQUIRE(ibv_destroy_qp(x.rqp) == 0);
+	x.rqp = opened; /* the link destroys this one */
 
-	/* A WRITE the target does not allow (to_rts grants no access). */
+	/* A WRITE the target does not allow (XrcLink grants no access). */
 	std::vector<uint64_t> target(4, 0);
 	struct ibv_mr *mr = ibv_reg_mr(d.pd, target.data(), 32,
 				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	REQUIRE(mr);
-	struct ibv_sge s = d.sge(0, 8);
-	struct ibv_send_wr wr{}, *bad = nullptr;
-	wr.opcode = IBV_WR_RDMA_WRITE;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.sg_list = &s;
-	wr.num_sge = 1;
-	wr.qp_type.xrc.remote_srqn = srqn;
-	wr.wr.rdma.remote_addr = uint64_t(uintptr_t(target.data()));
-	wr.wr.rdma.rkey = mr->rkey;
-	REQUIRE(ibv_post_send(sqp, &wr, &bad) == 0);
-	struct ibv_wc wc{};
-	REQUIRE(poll_one(cq, wc) == 1);
-	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+	CHECK(x.post(IBV_WR_RDMA_WRITE, d.sge(0, 8), mr) == IBV_WC_REM_ACCESS_ERR);
 	CHECK(wait_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, opened));
-	struct ibv_qp_attr a{};
-	struct ibv_qp_init_attr ia{};
-	REQUIRE(ibv_query_qp(opened, &a, IBV_QP_STATE, &ia) == 0);
-	CHECK(a.qp_state == IBV_QPS_ERR);
+	CHECK(XrcLink::in_state(opened, IBV_QPS_ERR));
 	/* The way out of ERR, through the handle left: RESET, then on. */
 	struct ibv_qp_attr m{};
 	m.qp_state = IBV_QPS_RESET;
 	CHECK(ibv_modify_qp(opened, &m, IBV_QP_STATE) == 0);
-	CHECK(to_rts(opened, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
-	REQUIRE(ibv_query_qp(opened, &a, IBV_QP_STATE, &ia) == 0);
-	CHECK(a.qp_state == IBV_QPS_RTR);
-	CHECK(ibv_destroy_qp(sqp) == 0);
-	CHECK(ibv_destroy_qp(opened) == 0);
+	CHECK(to_rts(opened, IBV_QPT_XRC_RECV, x.sqp->qp_num, d.port.lid) == 0);
+	CHECK(XrcLink::in_state(opened, IBV_QPS_RTR));
 	CHECK(ibv_dereg_mr(mr) == 0);
-	CHECK(ibv_destroy_srq(srq) == 0);
-	CHECK(ibv_close_xrcd(xrcd) == 0);
-	CHECK(ibv_destroy_cq(cq) == 0);
 }
 
 TEST_CASE("XRC: an SRQ's CQ that senders overran raises IBV_EVENT_CQ_ERR unpolled", "[xrc]")
 {
 	/* The XRC SRQ's CQ is fed through no QP of its owner's, the SEND
 	 * completions go to another CQ: two SENDs into a one-entry CQ. */
-	Dev d;
-	struct ibv_cq *scq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-	struct ibv_cq *rcq = ibv_create_cq(d.ctx, 1, nullptr, nullptr, 0);
-	struct ibv_xrcd *xrcd = open_xrcd(d);
-	REQUIRE((scq && rcq && xrcd));
-	struct ibv_srq *srq = make_xrc_srq(d, xrcd, rcq);
-	REQUIRE(srq);
-	uint32_t srqn = 0;
-	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
-	struct ibv_qp *rqp = make_xrc_recv(d, xrcd);
-	struct ibv_qp *sqp = make_xrc_send(d, scq);
-	REQUIRE((rqp && sqp));
-	REQUIRE(to_rts(rqp, IBV_QPT_XRC_RECV, sqp->qp_num, d.port.lid) == 0);
-	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqp->qp_num, d.port.lid) == 0);
-	REQUIRE(post_srq(srq, d.sge(0, 64), 1) == 0);
-	REQUIRE(post_srq(srq, d.sge(64, 64), 2) == 0);
-	REQUIRE(send(sqp, d.sge(128, 8), 10, nullptr, 0, 0, srqn) == 0);
-	REQUIRE(send(sqp, d.sge(128, 8), 11, nullptr, 0, 0, srqn) == 0);
-	CHECK(wait_async(d.ctx, IBV_EVENT_CQ_ERR, rcq, 2000));
-	CHECK(ibv_destroy_qp(sqp) == 0);
-	CHECK(ibv_destroy_qp(rqp) == 0);
-	CHECK(ibv_destroy_srq(srq) == 0);
-	CHECK(ibv_close_xrcd(xrcd) == 0);
-	CHECK(ibv_destroy_cq(rcq) == 0);
-	CHECK(ibv_destroy_cq(scq) == 0);
+	XrcLink x(1);
+	Dev &d = x.d;
+	REQUIRE(post_srq(x.srq, d.sge(0, 64), 1) == 0);
+	REQUIRE(post_srq(x.srq, d.sge(64, 64), 2) == 0);
+	REQUIRE(send(x.sqp, d.sge(128, 8), 10, nullptr, 0, 0, x.srqn) == 0);
+	REQUIRE(send(x.sqp, d.sge(128, 8), 11, nullptr, 0, 0, x.srqn) == 0);
+	CHECK(wait_async(d.ctx, IBV_EVENT_CQ_ERR, x.rcq, 2000));
 }
 
 /* ---- UD ---- */
