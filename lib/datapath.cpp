@@ -415,14 +415,21 @@ void QpEngine::quiesce()
 	if (!desc_)
 		return;
 	desc_->dead.store(1, std::memory_order_seq_cst);
-	/* Our own engines let go at once; those of other processes see `dead`
-	 * at their next use or let go when their progress thread finds them
-	 * idle (sweep_holds). */
-	for_each_engine([this](QpEngine &e) { e.drop_target(*desc_); });
-	/* Senders increment inflight and then check `dead` (seq_cst): either
-	 * we see their count or they see the QP dead. A sender that died
-	 * inside leaves its count behind: bounded wait. */
-	auto give_up = Clock::now() + std::chrono::seconds(2);
+	drain_senders(std::chrono::seconds(2), true);
+}
+
+void QpEngine::drain_senders(std::chrono::milliseconds bound, bool own_engines)
+{
+	/* Those of other processes see `dead` or a state that takes nothing
+	 * at their next use, and let go (keep_holds, execute, send_ud), or
+	 * let go when their progress thread finds them idle (sweep_holds,
+	 * 10-20 ms). A sender increments the count and then checks (seq_cst):
+	 * either we see its count or it sees what we stored. Holding the
+	 * count from before its check until after its completion, a sender
+	 * that found the QP ready is gone once the count is seen at zero. */
+	if (own_engines)
+		for_each_engine([this](QpEngine &e) { e.drop_target(*desc_); });
+	const auto give_up = Clock::now() + bound;
 	while (desc_->inflight.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
 		std::this_thread::yield();
 }
@@ -462,7 +469,7 @@ void QpEngine::reset()
 		snapshot_attr();
 		state_.store(IBV_QPS_RESET);
 		if (desc_) {
-			desc_->state.store(IBV_QPS_RESET, std::memory_order_release);
+			desc_->state.store(IBV_QPS_RESET, std::memory_order_seq_cst);
 			/* A responder error a sender left for check_remote_errors()
 			 * belonged to the QP's previous life: the QP it would
 			 * have moved to ERR is being reset anyway. */
@@ -484,14 +491,22 @@ void QpEngine::flush()
 		desc_->state.store(IBV_QPS_ERR, std::memory_order_seq_cst);
 	flush_locked();
 	/* On an SRQ the control path reports LAST_WQE_REACHED next: a sender
-	 * that saw this QP ready before may still be taking an SRQ WQE for it
-	 * (it holds our in-flight count, then checks the state). Wait,
-	 * bounded for a sender that died inside, until none is. */
-	if (desc_ && desc_->srqn) {
-		auto give_up = Clock::now() + std::chrono::milliseconds(100);
-		while (desc_->inflight.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
-			std::this_thread::yield();
-	}
+	 * that saw this QP ready before may still be taking an SRQ WQE for it.
+	 * Wait, bounded for a sender that died inside, until none is (our
+	 * send lock held: our own engines let go at their next post or
+	 * sweep). */
+	if (desc_ && desc_->srqn)
+		drain_senders(std::chrono::milliseconds(100), false);
+}
+
+void QpEngine::wait_for_senders()
+{
+	/* A sender that took a receive WQE before the reset publishes its
+	 * completion before it lets go; the CQ clean that follows removes
+	 * it. 100 ms bound: a sender that died holding the count (never
+	 * released) or is stopped; a live idle one lets go within 20 ms. */
+	if (desc_)
+		drain_senders(std::chrono::milliseconds(100), true);
 }
 
 void QpEngine::flush_sq_locked()
@@ -1209,10 +1224,14 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		target_.desc = nullptr; /* resolved afresh next time */
 		return unreachable();
 	}
-	uint32_t tstate = t.desc->state.load(std::memory_order_acquire);
+	uint32_t tstate = t.desc->state.load(std::memory_order_seq_cst);
 	if (tstate != IBV_QPS_RTR && tstate != IBV_QPS_RTS && tstate != IBV_QPS_SQD &&
-	    tstate != IBV_QPS_SQE)
-		return unreachable(); /* a responder that is not ready drops packets */
+	    tstate != IBV_QPS_SQE) {
+		/* A responder that is not ready drops packets. Its reset waits
+		 * for the count (wait_for_senders). */
+		release_holds();
+		return unreachable();
+	}
 	if (type_ == IBV_QPT_UD && t.desc->qkey.load() !=
 	    ((wr.remote_qkey & 0x80000000u) ? attr_.qkey : wr.remote_qkey)) {
 		wc.status = IBV_WC_SUCCESS; /* qkey mismatch: silently dropped */
@@ -1748,7 +1767,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	if (!target_valid(attr_.dest_qp_num) || !target_.seg->alive() ||
 	    t.dead.load(std::memory_order_seq_cst))
 		return false;
-	const uint32_t state = t.state.load(std::memory_order_acquire);
+	const uint32_t state = t.state.load(std::memory_order_seq_cst);
 	return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD ||
 	       state == IBV_QPS_SQE;
 }
@@ -1770,7 +1789,7 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 		hold_target(t);
 	if (t.dead.load(std::memory_order_seq_cst))
 		return Direct::NotTaken;
-	const uint32_t tstate = t.state.load(std::memory_order_acquire);
+	const uint32_t tstate = t.state.load(std::memory_order_seq_cst);
 	if (tstate != IBV_QPS_RTR && tstate != IBV_QPS_RTS && tstate != IBV_QPS_SQD &&
 	    tstate != IBV_QPS_SQE)
 		return Direct::NotTaken;

@@ -365,6 +365,8 @@ public:
 	void flush() override;
 	void reset() override;
 	void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) override;
+	/* Without the core lock. */
+	void wait_for_senders() override;
 
 	int post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 	int post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
@@ -405,8 +407,13 @@ public:
 	 * inside an operation on this QP. */
 	void quiesce();
 
-
 private:
+	/* Waits, `bound` at most (for a sender that died holding it, or is
+	 * stopped), until no sender holds this QP's in-flight count.
+	 * `own_engines`: ours let go first (each after its post in progress;
+	 * not with our send lock held). The QP's state or `dead` was stored
+	 * first (seq_cst), so that a sender counted in later sees it. */
+	void drain_senders(std::chrono::milliseconds bound, bool own_engines);
 	enum class Outcome { Done, Wait, Fatal };
 	Outcome execute(SendWr &wr, struct ibv_wc &wc);
 	Outcome execute_wr(SendWr &wr, struct ibv_wc &wc);

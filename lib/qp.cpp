@@ -749,8 +749,11 @@ int modify_qp(Qp &qp, const struct ibv_qp_attr &request, int attr_mask)
 {
 	bool reset = false;
 	const int err = modify_qp_locked(qp, request, attr_mask, reset);
-	if (reset)
+	if (reset) {
+		if (qp.core->data_path)
+			qp.core->data_path->wait_for_senders();
 		clean_cqs(qp, qp.core->qp_num);
+	}
 	return err;
 }
 

@@ -45,9 +45,13 @@ public:
 	 * outstanding send and receive WR with IBV_WC_WR_FLUSH_ERR, and keep
 	 * flushing what is posted while the QP stays in ERR. */
 	virtual void flush() = 0;
-	/* Entered RESET: empty both work queues. (modify_qp() then drops the
-	 * QP's completions from its CQs, as libmlx5 does, mlx5_cq_clean.) */
+	/* Entered RESET: empty both work queues. */
 	virtual void reset() = 0;
+	/* After reset(), without the core lock: returns once no sender that
+	 * found the QP ready is still inside it (bounded), so that nothing of
+	 * the QP's previous life completes after modify_qp() then drops the
+	 * QP's completions from its CQs (as libmlx5 does, mlx5_cq_clean). */
+	virtual void wait_for_senders() = 0;
 	/* Any other transition (INIT, RTR, RTS, SQD, SQE). */
 	virtual void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) = 0;
 	/* Acts on an error a sender found at this responder and left for the

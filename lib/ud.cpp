@@ -646,7 +646,7 @@ bool takes_messages(uint32_t st)
 	 * multicast group spans ports) and of the same Q_Key; otherwise the
 	 * message is dropped silently. */
 	auto accepts = [&](const shm::QpDesc &d) {
-		return takes_messages(d.state.load(std::memory_order_acquire)) &&
+		return takes_messages(d.state.load(std::memory_order_seq_cst)) &&
 		       (multicast || d.port.load(std::memory_order_relaxed) == to_port) &&
 		       d.qkey.load(std::memory_order_relaxed) == qkey;
 	};
@@ -655,6 +655,8 @@ bool takes_messages(uint32_t st)
 		UdTarget *t = ud_target(to_device, wr.remote_qpn);
 		if (t && accepts(*t->desc) && ud_recv_side(*t))
 			ud_deliver(*t, m, true);
+		else if (t && !takes_messages(t->desc->state.load(std::memory_order_relaxed)))
+			release_holds(); /* its reset waits for the count */
 		return Outcome::Done;
 	}
 

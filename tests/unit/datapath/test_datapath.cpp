@@ -52,7 +52,7 @@ struct Buffer {
 	size_t n = buf_size;
 	BufKind kind;
 
-	explicit Buffer(BufKind k) : kind(k)
+	explicit Buffer(BufKind k, size_t size = buf_size) : n(size), kind(k)
 	{
 		if (k == BufKind::Heap) {
 			p = new char[n]();
@@ -89,7 +89,9 @@ struct Node {
 	Buffer buf;
 	uint16_t lid = 0;
 
-	explicit Node(bool with_channel = false, BufKind kind = BufKind::Heap) : buf(kind)
+	explicit Node(bool with_channel = false, BufKind kind = BufKind::Heap,
+		      size_t size = buf_size)
+		: buf(kind, size)
 	{
 		ctx = shmv_test::open_first_device();
 		pd = ibv_alloc_pd(ctx);
@@ -372,6 +374,48 @@ int post(Node &n, enum ibv_wr_opcode op, uint32_t off, uint32_t len, uint64_t ra
 	return ibv_post_send(n.qp, &wr, &bad);
 }
 
+/* The SENDs of the reset test: large enough that each copy takes a while. */
+constexpr uint32_t big_message = 1u << 20;
+constexpr unsigned big_receives = 4;
+
+/*
+ * "--sender": a peer that SENDs. Prints its address as the target does;
+ * on "connect <qpn>" connects and prints "ready"; on "send" SENDs
+ * big_message bytes again and again, 4 in flight, until one completes in
+ * error (or 10 s pass), and prints "sent <successes> <that status>".
+ */
+int sender_main()
+{
+	shmv_test::in_peer = true;
+	setvbuf(stdout, nullptr, _IOLBF, 0);
+	Node n(false, BufKind::Heap, big_message);
+	shmv_test::print_target_address(n.qp->qp_num, n.mr->rkey, n.buf.data());
+	std::string line;
+	unsigned qpn = 0;
+	NEED((read_line(stdin, line) && std::sscanf(line.c_str(), "connect %u", &qpn) == 1));
+	NEED(n.connect(qpn) == 0);
+	std::printf("ready\n");
+	NEED((read_line(stdin, line) && line == "send\n"));
+	unsigned ok = 0, in_flight = 0;
+	int status = IBV_WC_SUCCESS;
+	const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+	while (status == IBV_WC_SUCCESS && std::chrono::steady_clock::now() < deadline) {
+		for (; in_flight < 4; in_flight++)
+			NEED(post(n, IBV_WR_SEND, 0, big_message, 0, 0, ok + in_flight) == 0);
+		struct ibv_wc wc{};
+		if (!n.wait_wc(wc, 100))
+			continue;
+		in_flight--;
+		if (wc.status == IBV_WC_SUCCESS)
+			ok++;
+		else
+			status = wc.status;
+	}
+	std::printf("sent %u %d\n", ok, status);
+	read_line(stdin, line);
+	return 0;
+}
+
 /* Whether process_vm_readv works here (it does on ourselves unless blocked). */
 bool cma_works()
 {
@@ -389,6 +433,8 @@ bool seccomp_mode = false;
  * cannot be installed). */
 int main(int argc, char **argv)
 {
+	if (argc > 1 && std::strcmp(argv[1], "--sender") == 0)
+		return sender_main();
 	if (argc > 1 && std::strcmp(argv[1], "--target") == 0)
 		return target_main(argc > 2 && std::strcmp(argv[2], "file") == 0 ? BufKind::File
 										 : BufKind::Heap);
@@ -709,6 +755,42 @@ TEST_CASE("a CQ grows beyond its ring while a peer process streams SENDs into it
 	/* received, in order, resize errors, the CQ's final size (64 doubled
 	 * 7 times, +1 each time, as libmlx5 rounds). */
 	CHECK(t.line() == "streamed 20000 1 0 16383\n");
+}
+
+/* mlx5: once ibv_modify_qp(RESET) returns, the QP's completions have left
+ * its CQs (mlx5_cq_clean) and the device makes no more. A sender of another
+ * process may be inside a SEND that took one of our receives just before
+ * the reset (copying a large payload): the reset waits for it, and the
+ * clean then removes what it completed. */
+TEST_CASE("reset while a peer's SENDs are landing: no completion of the QP after it",
+	  "[datapath][process][reset]")
+{
+	shmv_test::TargetPeer t({"self", "--sender"});
+	Node n(false, BufKind::Heap, size_t(big_message) * big_receives);
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num));
+	REQUIRE(t.line() == "ready\n");
+	for (unsigned i = 0; i < big_receives; i++)
+		REQUIRE(n.post_recv(i, i * big_message, big_message) == 0);
+	t.send("send");
+	/* The first lands; the sender goes on with the next at once. */
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	CHECK((wc.wr_id == 0 && wc.status == IBV_WC_SUCCESS));
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RESET;
+	REQUIRE(ibv_modify_qp(n.qp, &a, IBV_QP_STATE) == 0);
+	int late = 0;
+	const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+	while (std::chrono::steady_clock::now() < until)
+		late += ibv_poll_cq(n.cq, 1, &wc);
+	CHECK(late == 0);
+	/* The sender's next SENDs find no responder: retries exhausted. */
+	unsigned ok = 0;
+	int status = -1;
+	REQUIRE(std::sscanf(t.line().c_str(), "sent %u %d", &ok, &status) == 2);
+	CHECK(ok >= 1);
+	CHECK(status == IBV_WC_RETRY_EXC_ERR);
 }
 
 TEST_CASE("completion channel: a SEND wakes a peer sleeping in poll() on its channel",

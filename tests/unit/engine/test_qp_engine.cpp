@@ -826,6 +826,7 @@ struct RecordingDataPath : QpDataPath {
 	explicit RecordingDataPath(std::vector<std::string> *l) : log(l) {}
 	void flush() override { log->push_back("flush"); }
 	void reset() override { log->push_back("reset"); }
+	void wait_for_senders() override { log->push_back("senders"); }
 	void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) override
 	{
 		log->push_back(std::string(qp_state_name(from)) + ">" + qp_state_name(to));
@@ -835,7 +836,7 @@ struct RecordingDataPath : QpDataPath {
 
 } // namespace
 
-TEST_CASE("data path hooks: ERR flushes, RESET empties, others are told", "[qp][datapath]")
+TEST_CASE("data path hooks: ERR flushes, RESET empties and waits for senders, others are told", "[qp][datapath]")
 {
 	Env e;
 	std::vector<std::string> log;
@@ -855,7 +856,7 @@ TEST_CASE("data path hooks: ERR flushes, RESET empties, others are told", "[qp][
 	REQUIRE(modify_qp(*qp, a, IBV_QP_STATE) == 0);
 	CHECK_FALSE(qp_async_error(*qp->core, IBV_QPS_ERR)); /* nothing to fail in RESET */
 	const std::vector<std::string> want = {"RESET>INIT", "INIT>RTR", "RTR>RTS", "RTS>SQE",
-					       "SQE>RTS",    "flush",	 "reset"};
+					       "SQE>RTS",    "flush",	 "reset",    "senders"};
 	CHECK(log == want);
 	destroy_qp(*qp);
 }
