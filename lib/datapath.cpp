@@ -577,6 +577,8 @@ void QpEngine::check_remote_errors()
 
 int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 {
+	if (!wr)
+		return 0; /* libmlx5: an empty list posts nothing */
 	if (!rq_) {
 		*bad_wr = wr;
 		return core_.has_srq ? EINVAL : ENOMEM;
@@ -640,7 +642,7 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 		for (int i = 0; i < wr->num_sge; i++)
 			total += wr->sg_list[i].length;
 		if (total > caps.created.max_inline_data)
-			return EINVAL;
+			return ENOMEM; /* libmlx5's set_data_inl_seg */
 		for (int i = 0; i < wr->num_sge; i++)
 			w.inline_data.append(reinterpret_cast<const char *>(wr->sg_list[i].addr),
 					     wr->sg_list[i].length);
@@ -700,12 +702,15 @@ bool QpEngine::run_now(SendWr &wr, bool &fatal)
  */
 int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
+	if (!wr)
+		return 0; /* libmlx5: an empty list posts nothing */
 	remote_error_first();
-	int st = state_.load();
-	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
-	    type_ == IBV_QPT_XRC_RECV) {
+	if (!takes_sends()) {
+		/* libmlx5 fails the WR as over the state's SGE limit (-1 before
+		 * RTS): ENOMEM, after its opcode check. */
 		*bad_wr = wr;
-		return EINVAL;
+		return type_ == IBV_QPT_XRC_RECV || !in_mask(allowed_ops_, raw_opcode(*wr)) ? EINVAL
+											   : ENOMEM;
 	}
 	const QpCaps &caps = core_.caps;
 	int err = 0;
@@ -723,9 +728,12 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 			if (in_mask(lane_ops_, op) && wr->num_sge == 1 && sq_.empty() && !fatal &&
 			    sq_runs(state_.load()) && direct_one(*wr))
 				continue;
-			if (!in_mask(allowed_ops_, op) || wr->num_sge < 0 ||
-			    uint32_t(wr->num_sge) > caps.created.max_send_sge) {
+			if (!in_mask(allowed_ops_, op) || wr->num_sge < 0) {
 				err = EINVAL;
+				break;
+			}
+			if (uint32_t(wr->num_sge) > caps.created.max_send_sge) {
+				err = ENOMEM; /* libmlx5: "max gs exceeded" */
 				break;
 			}
 			/* A deque's size() is arithmetic on its map; empty() is
@@ -774,9 +782,7 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 int QpEngine::submit(std::span<SendWr> batch)
 {
 	remote_error_first();
-	int st = state_.load();
-	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ||
-	    type_ == IBV_QPT_XRC_RECV)
+	if (!takes_sends())
 		return EINVAL;
 	sq_lock_.lock();
 	/* The usual batch: one WR to an empty queue, which the direct path

@@ -375,6 +375,13 @@ public:
 	 * cannot take all of them. WRs that wait are moved into the queue:
 	 * the batch's SendWrs are left to be reused (SendWr::reset_rest()). */
 	int submit(std::span<SendWr> batch);
+	/* Whether the QP's state lets it post sends (RTS, SQD, SQE, ERR). */
+	bool takes_sends() const
+	{
+		const int st = state_.load();
+		return st != IBV_QPS_RESET && st != IBV_QPS_INIT && st != IBV_QPS_RTR &&
+		       type_ != IBV_QPT_XRC_RECV;
+	}
 
 	QpExBatch wr_batch;
 

@@ -108,7 +108,9 @@ int wr_complete(struct ibv_qp_ex *q)
 	if (!e)
 		return EINVAL;
 	QpExBatch &b = e->wr_batch;
-	int err = b.err;
+	/* libmlx5 installs a wr_complete that fails every batch with EINVAL
+	 * until RTS, whatever the builders latched. */
+	int err = e->takes_sends() ? b.err : EINVAL;
 	/* A QP of the parent, used in a forked child (lib/fork.h). */
 	if (!err && Context::from(q->qp_base.context)->inherited.load(std::memory_order_relaxed))
 		err = EIO;
@@ -262,12 +264,16 @@ void wr_set_sge_list(struct ibv_qp_ex *q, size_t num_sge, const struct ibv_sge *
 	SendWr *w = current(q);
 	if (!w)
 		return;
+	/* Each length against what is left, as libmlx5 adds them: a sum
+	 * could wrap. */
+	const size_t limit = caps_of(q).created.max_inline_data;
 	size_t total = 0;
-	for (size_t i = 0; i < num_buf; i++)
+	for (size_t i = 0; i < num_buf; i++) {
+		if (bufs[i].length > limit - total) {
+			latch(*batch_of(q), ENOMEM);
+			return;
+		}
 		total += bufs[i].length;
-	if (total > caps_of(q).created.max_inline_data) {
-		latch(*batch_of(q), ENOMEM);
-		return;
 	}
 	w->sge.clear();
 	w->inline_data.clear();

@@ -614,7 +614,12 @@ TEST_CASE("a dead peer: RETRY_EXC_ERR after timeout x retry_cnt, nobody hangs",
 	CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
 }
 
-TEST_CASE("posting: a send before RTS fails with bad_wr set", "[datapath]")
+/* libmlx5 checks a WR's opcode (EINVAL), then its SGE count against the
+ * state's limit, -1 in the send queue until RTS and in the receive queue in
+ * RESET (ENOMEM for a send, EINVAL for a receive); an empty list posts
+ * nothing and succeeds in any state. */
+TEST_CASE("posting: a send before RTS is ENOMEM, a receive in RESET EINVAL, with bad_wr set",
+	  "[datapath]")
 {
 	Node n;
 	struct ibv_sge s = {uint64_t(uintptr_t(n.buf.data())), 4, n.mr->lkey};
@@ -622,8 +627,58 @@ TEST_CASE("posting: a send before RTS fails with bad_wr set", "[datapath]")
 	wr.opcode = IBV_WR_SEND;
 	wr.sg_list = &s;
 	wr.num_sge = 1;
+	CHECK(ibv_post_send(n.qp, &wr, &bad) == ENOMEM);
+	CHECK(bad == &wr);
+	wr.opcode = static_cast<enum ibv_wr_opcode>(99);
+	bad = nullptr;
 	CHECK(ibv_post_send(n.qp, &wr, &bad) == EINVAL);
 	CHECK(bad == &wr);
+	struct ibv_recv_wr rwr{}, *rbad = nullptr;
+	rwr.sg_list = &s;
+	rwr.num_sge = 1;
+	CHECK(ibv_post_recv(n.qp, &rwr, &rbad) == EINVAL);
+	CHECK(rbad == &rwr);
+	bad = nullptr;
+	rbad = nullptr;
+	CHECK(ibv_post_send(n.qp, nullptr, &bad) == 0);
+	CHECK(ibv_post_recv(n.qp, nullptr, &rbad) == 0);
+	CHECK((bad == nullptr && rbad == nullptr));
+	/* In INIT: receives go, sends still do not. */
+	shmv_test::QpPath path;
+	REQUIRE(shmv_test::qp_to_init(n.qp, IBV_QPT_RC, path) == 0);
+	CHECK(ibv_post_recv(n.qp, &rwr, &rbad) == 0);
+	wr.opcode = IBV_WR_SEND;
+	CHECK(ibv_post_send(n.qp, &wr, &bad) == ENOMEM);
+}
+
+TEST_CASE("posting: more SGEs than max_send_sge is ENOMEM at that WR, those before it go",
+	  "[datapath]")
+{
+	Node n;
+	REQUIRE(n.connect(n.qp->qp_num) == 0); /* to itself */
+	struct ibv_qp_attr qa{};
+	struct ibv_qp_init_attr qi{};
+	REQUIRE(ibv_query_qp(n.qp, &qa, IBV_QP_CAP, &qi) == 0);
+	std::vector<struct ibv_sge> sges(qi.cap.max_send_sge + 1,
+					 {uint64_t(uintptr_t(n.buf.data())), 4, n.mr->lkey});
+	struct ibv_send_wr first{}, second{}, *bad = nullptr;
+	first.wr_id = 1;
+	first.opcode = IBV_WR_RDMA_WRITE;
+	first.send_flags = IBV_SEND_SIGNALED;
+	first.sg_list = sges.data();
+	first.num_sge = 1;
+	first.wr.rdma.remote_addr = uint64_t(uintptr_t(n.buf.data() + 64));
+	first.wr.rdma.rkey = n.mr->rkey;
+	second = first;
+	second.wr_id = 2;
+	second.num_sge = int(sges.size());
+	first.next = &second;
+	CHECK(ibv_post_send(n.qp, &first, &bad) == ENOMEM);
+	CHECK(bad == &second);
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	CHECK((wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS));
+	CHECK(ibv_poll_cq(n.cq, 1, &wc) == 0);
 }
 
 TEST_CASE("loopback in one process with a completion channel and poll()", "[datapath]")

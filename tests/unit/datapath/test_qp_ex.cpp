@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <time.h>
 
+#include <cstdint>
 #include <cstring>
 
 using namespace loopback;
@@ -228,6 +229,14 @@ TEST_CASE("qp_ex: a builder error is latched, wr_complete returns it and posts n
 			 ibv_wr_send(q);
 			 ibv_wr_set_inline_data(q, d.data(), d.size());
 		 }},
+		/* libmlx5 checks each length as it adds it: no sum wraps. */
+		{"an inline buffer list whose lengths would wrap", ENOMEM, false,
+		 [](struct ibv_qp_ex *q, Side &, std::vector<struct ibv_sge> &, std::vector<char> &d,
+		    uint32_t) {
+			 const struct ibv_data_buf bufs[] = {{d.data(), SIZE_MAX}, {d.data(), 2}};
+			 ibv_wr_send(q);
+			 ibv_wr_set_inline_data_list(q, 2, bufs);
+		 }},
 		{"more WRs than the send queue holds", ENOMEM, false,
 		 [](struct ibv_qp_ex *q, Side &s, std::vector<struct ibv_sge> &, std::vector<char> &,
 		    uint32_t max_wr) {
@@ -412,6 +421,12 @@ TEST_CASE("qp_ex: wr_complete in a state that cannot send is EINVAL", "[qpex]")
 	ibv_wr_start(q);
 	ibv_wr_send(q);
 	ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 4);
+	CHECK(ibv_wr_complete(q) == EINVAL);
+	/* Whatever a builder latched: libmlx5's wr_complete before RTS. */
+	std::vector<struct ibv_sge> sges(64, {p.a.addr(0), 4, p.a.mr->lkey});
+	ibv_wr_start(q);
+	ibv_wr_send(q);
+	ibv_wr_set_sge_list(q, sges.size(), sges.data());
 	CHECK(ibv_wr_complete(q) == EINVAL);
 }
 
