@@ -815,7 +815,7 @@ int attach_mcast(Qp &qp, const union ibv_gid &gid, uint16_t lid)
 			return 0;
 	/* ib_attach_mcast(): a multicast GID, a UD QP, and on InfiniBand a
 	 * multicast LID (RoCE ignores the LID). */
-	if (gid.raw[0] != 0xff || core.type != IBV_QPT_UD)
+	if (!is_multicast_gid(gid) || core.type != IBV_QPT_UD)
 		return EINVAL;
 	if (!is_eth(*core.device) && (lid < 0xc000 || lid == 0xffff))
 		return EINVAL;

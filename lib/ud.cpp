@@ -554,7 +554,7 @@ bool takes_messages(uint32_t st)
 
 	/* Where to: a multicast group, or the port owning the DLID/DGID (the
 	 * last answer is kept: the fabric never changes). */
-	const bool multicast = eth ? ah.grh.dgid.raw[0] == 0xff
+	const bool multicast = eth ? is_multicast_gid(ah.grh.dgid)
 				   : (ah.dlid >= 0xc000 && ah.dlid != 0xffff);
 	uint32_t to_device = device_;
 	uint8_t to_port = 0;
@@ -662,7 +662,10 @@ bool takes_messages(uint32_t st)
 
 	/* Multicast: every member of the group, each resolved afresh (the
 	 * listing is a directory read anyway), holding nothing across WRs. */
+	const bool block_self = core_.create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
 	for (auto [qpn, pid] : group_members(group_dir(device_, ah.grh.dgid, eth ? 0 : ah.dlid))) {
+		if (block_self && qpn == qpn_ && uint32_t(pid) == own_pid())
+			continue; /* not looped back to the sending QP */
 		PeerObject obj;
 		if (resolve_object(to_device, broker::ObjectKind::Qp, qpn, obj))
 			continue;

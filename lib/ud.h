@@ -17,9 +17,24 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace shmverbs {
+
+/* A multicast GID as the kernel tells one (rdma_is_multicast_addr): an
+ * IPv6 multicast address (ff00::/8), or an IPv4-mapped one
+ * (::ffff:224.0.0.0/4), the MGIDs RoCE v2 groups of IPv4 take. */
+inline bool is_multicast_gid(const union ibv_gid &gid)
+{
+	static constexpr uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	if (gid.raw[0] == 0xff)
+		return true;
+	for (size_t i = 0; i < sizeof(v4_mapped); i++)
+		if (gid.raw[i] != v4_mapped[i])
+			return false;
+	return (gid.raw[12] & 0xf0) == 0xe0;
+}
 
 int mcast_join(uint32_t device, const union ibv_gid &gid, uint16_t lid, uint32_t qpn);
 void mcast_leave(uint32_t device, const union ibv_gid &gid, uint16_t lid, uint32_t qpn);

@@ -1030,6 +1030,51 @@ TEST_CASE("UD multicast reaches every attached QP, in this process and another",
 	ibv_destroy_ah(ah);
 }
 
+/* A member that sends to its own group gets its message back, as on a
+ * device, unless it was created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
+ * (ibv_create_qp_ex(3): "Prevent self multicast loopback"); the other
+ * members get it either way. */
+TEST_CASE("UD multicast: a sending member is looped back unless it blocks it", "[ud]")
+{
+	const bool block = GENERATE(false, true);
+	CAPTURE(block);
+	UdPair p;
+	struct ibv_qp_init_attr_ex a{};
+	a.send_cq = p.cq;
+	a.recv_cq = p.cq;
+	a.qp_type = IBV_QPT_UD;
+	a.cap.max_send_wr = 4;
+	a.cap.max_recv_wr = 4;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	a.pd = p.d.pd;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	a.create_flags = block ? IBV_QP_CREATE_BLOCK_SELF_MCAST_LB : 0;
+	struct ibv_qp *sender = ibv_create_qp_ex(p.d.ctx, &a);
+	REQUIRE(sender);
+	REQUIRE(to_rts(sender, IBV_QPT_UD) == 0);
+	const union ibv_gid mgid = mcast_gid(9);
+	REQUIRE(ibv_attach_mcast(sender, &mgid, mcast_lid(9)) == 0);
+	REQUIRE(ibv_attach_mcast(p.b, &mgid, mcast_lid(9)) == 0);
+	REQUIRE(post_rq(sender, p.d.sge(4096, 256), 1) == 0);
+	REQUIRE(post_rq(p.b, p.d.sge(8192, 256), 2) == 0);
+	struct ibv_ah *ah = mcast_ah(p.d, 9);
+	REQUIRE(ah);
+	REQUIRE(send(sender, p.d.sge(0, 5), 10, ah, 0xffffff) == 0);
+	int got_self = 0, got_b = 0;
+	struct ibv_wc wc;
+	while (poll_one(p.cq, wc, 100) == 1) {
+		got_self += wc.opcode == IBV_WC_RECV && wc.qp_num == sender->qp_num;
+		got_b += wc.opcode == IBV_WC_RECV && wc.qp_num == p.b->qp_num;
+	}
+	CHECK(got_b == 1);
+	CHECK(got_self == (block ? 0 : 1));
+	REQUIRE(ibv_detach_mcast(sender, &mgid, mcast_lid(9)) == 0);
+	REQUIRE(ibv_detach_mcast(p.b, &mgid, mcast_lid(9)) == 0);
+	ibv_destroy_ah(ah);
+	CHECK(ibv_destroy_qp(sender) == 0);
+}
+
 /* ---- UD: what the sender caches is revalidated ---- */
 
 /* Posts the WRs as one list; each signaled SEND of `sges[i]` to

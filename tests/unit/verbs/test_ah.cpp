@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include "../common/fixtures.h"
+#include "../common/qp_path.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -17,6 +18,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -475,4 +477,77 @@ TEST_CASE("init_ah_from_wc with RoCE IPv6 headers", "[.eth][ah]")
 		REQUIRE(ah);
 		CHECK(ibv_destroy_ah(ah) == 0);
 	}
+}
+
+/* RoCE v2 groups of IPv4 have IPv4-mapped MGIDs (::ffff:224.0.0.0/4, as
+ * the RDMA CM builds them); the kernel takes them as multicast
+ * (rdma_is_multicast_addr), to attach and to send to. */
+TEST_CASE("RoCE v2: an IPv4 multicast group is joined and reached", "[.eth][ah][mcast]")
+{
+	Fixture f;
+	REQUIRE(f.port.link_layer == IBV_LINK_LAYER_ETHERNET);
+	std::vector<char> buf(4096);
+	struct ibv_mr *mr = ibv_reg_mr(f.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr);
+	struct ibv_cq *cq = ibv_create_cq(f.ctx, 8, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	struct ibv_qp *qp[2];
+	for (struct ibv_qp *&q : qp) {
+		struct ibv_qp_init_attr a{};
+		a.send_cq = cq;
+		a.recv_cq = cq;
+		a.qp_type = IBV_QPT_UD;
+		a.cap = {2, 2, 1, 1, 0};
+		q = ibv_create_qp(f.pd, &a);
+		REQUIRE(q);
+		shmv_test::QpPath path;
+		path.qkey = 0x1234;
+		REQUIRE(shmv_test::qp_to_rts(q, IBV_QPT_UD, 0, 0, path) == 0);
+	}
+	union ibv_gid mgid{};
+	mgid.raw[10] = mgid.raw[11] = 0xff;
+	const uint32_t group = inet_addr("239.1.2.3");
+	std::memcpy(mgid.raw + 12, &group, 4);
+	REQUIRE(ibv_attach_mcast(qp[1], &mgid, 0) == 0);
+	/* Neither multicast nor the IPv6 form: still refused. */
+	union ibv_gid unicast = mgid;
+	const uint32_t host = inet_addr("10.1.2.3");
+	std::memcpy(unicast.raw + 12, &host, 4);
+	CHECK(ibv_attach_mcast(qp[1], &unicast, 0) == EINVAL);
+
+	REQUIRE(shmv_test::post_recv_sge(qp[1], {uint64_t(uintptr_t(buf.data() + 1024)), 256,
+						  mr->lkey}, 7) == 0);
+	struct ibv_ah_attr at{};
+	at.port_num = 1;
+	at.is_global = 1;
+	at.grh.sgid_index = 3; /* v2 IPv4 */
+	at.grh.dgid = mgid;
+	at.grh.hop_limit = 1;
+	struct ibv_ah *ah = ibv_create_ah(f.pd, &at);
+	REQUIRE(ah);
+	std::memcpy(buf.data(), "group", 5);
+	struct ibv_send_wr wr{};
+	wr.wr_id = 8;
+	wr.opcode = IBV_WR_SEND;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = 0xffffff;
+	wr.wr.ud.remote_qkey = 0x1234;
+	REQUIRE(shmv_test::post_send_sge(qp[0], wr, {uint64_t(uintptr_t(buf.data())), 5,
+						     mr->lkey}) == 0);
+	bool received = false;
+	struct ibv_wc wc{};
+	while (shmv_test::wait_wc(cq, wc, 200)) {
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		if (wc.opcode == IBV_WC_RECV) {
+			received = wc.wr_id == 7 && wc.qp_num == qp[1]->qp_num;
+			CHECK(std::memcmp(buf.data() + 1024 + 40, "group", 5) == 0);
+		}
+	}
+	CHECK(received);
+	CHECK(ibv_detach_mcast(qp[1], &mgid, 0) == 0);
+	CHECK(ibv_destroy_ah(ah) == 0);
+	for (struct ibv_qp *q : qp)
+		CHECK(ibv_destroy_qp(q) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_dereg_mr(mr) == 0);
 }
