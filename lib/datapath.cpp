@@ -457,7 +457,7 @@ void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
 	if (desc_)
 		desc_->state.store(to, std::memory_order_release);
 	/* SQE: the send queue stops and what it holds is flushed; receives
-	 * go on (senders still take our RQ: takes_messages()). */
+	 * go on (senders still take our RQ: responder_ready()). */
 	if (to == IBV_QPS_SQE)
 		flush_sq_locked();
 }
@@ -1230,9 +1230,7 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		target_.desc = nullptr; /* resolved afresh next time */
 		return unreachable();
 	}
-	uint32_t tstate = t.desc->state.load(std::memory_order_seq_cst);
-	if (tstate != IBV_QPS_RTR && tstate != IBV_QPS_RTS && tstate != IBV_QPS_SQD &&
-	    tstate != IBV_QPS_SQE) {
+	if (!responder_ready(*t.desc)) {
 		/* A responder that is not ready drops packets. Its reset waits
 		 * for the count (wait_for_senders). */
 		release_holds();
@@ -1773,9 +1771,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	if (!target_valid(attr_.dest_qp_num) || !target_.seg->alive() ||
 	    t.dead.load(std::memory_order_seq_cst))
 		return false;
-	const uint32_t state = t.state.load(std::memory_order_seq_cst);
-	return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD ||
-	       state == IBV_QPS_SQE;
+	return responder_ready(t);
 }
 
 QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
@@ -1795,9 +1791,7 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 		hold_target(t);
 	if (t.dead.load(std::memory_order_seq_cst))
 		return Direct::NotTaken;
-	const uint32_t tstate = t.state.load(std::memory_order_seq_cst);
-	if (tstate != IBV_QPS_RTR && tstate != IBV_QPS_RTS && tstate != IBV_QPS_SQD &&
-	    tstate != IBV_QPS_SQE)
+	if (!responder_ready(t))
 		return Direct::NotTaken;
 
 	struct iovec few[4];

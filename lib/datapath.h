@@ -52,6 +52,21 @@
 namespace shmverbs {
 
 /*
+ * Whether a target QP takes messages: in RTR or later (RESET, INIT and ERR
+ * drop them), and no error a sender found on it waits for its owner
+ * (remote_error: the QP is in ERR from that error on, as on a device,
+ * though its owner moves it there later). The state is loaded seq_cst,
+ * the Dekker pair of a sender's in-flight count with reset and destroy.
+ */
+[[gnu::always_inline]] inline bool responder_ready(const shm::QpDesc &d)
+{
+	const uint32_t st = d.state.load(std::memory_order_seq_cst);
+	return (st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD ||
+		st == IBV_QPS_SQE) &&
+	       d.remote_error.load(std::memory_order_relaxed) == shm::remote_error_none;
+}
+
+/*
  * A vector of trivially copyable T that keeps up to N elements in place and
  * moves to the heap only beyond that: the common WR (a few SGEs, a small
  * inline payload) costs no allocation. Capacity, once grown, is kept.

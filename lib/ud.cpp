@@ -190,12 +190,6 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 	}
 }
 
-/* A QP in RTR or later takes messages (ERR and RESET drop them). */
-bool takes_messages(uint32_t st)
-{
-	return st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD || st == IBV_QPS_SQE;
-}
-
 } // namespace
 
 /*
@@ -490,7 +484,7 @@ bool takes_messages(uint32_t st)
 		return false;
 	const uint32_t qkey = (wr.wr.ud.remote_qkey & 0x80000000u) ? attr_.qkey : wr.wr.ud.remote_qkey;
 	const shm::QpDesc &d = *t.desc;
-	if (!takes_messages(d.state.load(std::memory_order_acquire)) ||
+	if (!responder_ready(d) ||
 	    d.port.load(std::memory_order_relaxed) != r.port ||
 	    d.qkey.load(std::memory_order_relaxed) != qkey)
 		return false;
@@ -646,7 +640,7 @@ bool takes_messages(uint32_t st)
 	 * multicast group spans ports) and of the same Q_Key; otherwise the
 	 * message is dropped silently. */
 	auto accepts = [&](const shm::QpDesc &d) {
-		return takes_messages(d.state.load(std::memory_order_seq_cst)) &&
+		return responder_ready(d) &&
 		       (multicast || d.port.load(std::memory_order_relaxed) == to_port) &&
 		       d.qkey.load(std::memory_order_relaxed) == qkey;
 	};
@@ -655,7 +649,7 @@ bool takes_messages(uint32_t st)
 		UdTarget *t = ud_target(to_device, wr.remote_qpn);
 		if (t && accepts(*t->desc) && ud_recv_side(*t))
 			ud_deliver(*t, m, true);
-		else if (t && !takes_messages(t->desc->state.load(std::memory_order_relaxed)))
+		else if (t && !responder_ready(*t->desc))
 			release_holds(); /* its reset waits for the count */
 		return Outcome::Done;
 	}

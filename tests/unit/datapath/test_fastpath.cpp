@@ -995,6 +995,22 @@ TEST_CASE("fast path: UD SENDs after a stream of them keep every check", "[fastp
 	}
 	REQUIRE(Pair::post_recv(b, 9, 1024, 128) == 0); /* for what follows */
 
+	SECTION("a receive too small: LOC_LEN_ERR, and the QP in ERR takes nothing more")
+	{
+		/* The three messages come faster than b's owner acts on the
+		 * error (its next verb or sweep): senders must not deliver into
+		 * a QP that is in ERR from that error on. */
+		REQUIRE(Pair::post_recv(b, 10, 2048, 20) == 0);
+		REQUIRE(Pair::post_recv(b, 11, 3072, 128) == 0);
+		for (uint64_t id : {120, 121, 122})
+			REQUIRE(send(a, id, ah, b.qp->qp_num, 0x1234, {a.addr(0), 16, lk}, 0) == 0);
+		landed(9, 1024);
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == 10 && wc.status == IBV_WC_LOC_LEN_ERR));
+		REQUIRE(Pair::wait_wc(b, wc));
+		CHECK((wc.wr_id == 11 && wc.status == IBV_WC_WR_FLUSH_ERR));
+		CHECK(b.at(3072 + 40)[0] != 'u');
+	}
 	SECTION("with immediate, unsignaled: the immediate arrives, no send completion")
 	{
 		REQUIRE(send(a, 110, ah, b.qp->qp_num, 0x1234, {a.addr(0), 16, lk},
