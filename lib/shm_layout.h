@@ -153,16 +153,18 @@ struct RecvQueue {
 	uint32_t entries;  /* power of two */
 	uint32_t max_sge;
 	uint32_t stride;   /* bytes per slot: sizeof(RecvWqe) + 16 * max_sge */
-	/* SRQs: the armed low watermark (0: not armed). A consumer that leaves
-	 * fewer WQEs than this CASes it to 0 and records what it saw in
-	 * limit_seen (count + 1); the owner raises IBV_EVENT_SRQ_LIMIT_REACHED
-	 * when it finds limit_seen set (lib/srq_ring.cpp). */
-	std::atomic<uint32_t> limit;
+	/* SRQs: the armed low watermark (low 32 bits, 0: not armed) and the
+	 * arm it belongs to (high 32 bits, counted by the owner at each
+	 * modify). A consumer that leaves fewer WQEs than the watermark CASes
+	 * the low half to 0 and then counts the disarm in limit_hits; the
+	 * owner raises one IBV_EVENT_SRQ_LIMIT_REACHED per disarm counted
+	 * (lib/srq_ring.cpp), whatever it armed since. */
+	std::atomic<uint64_t> limit;
+	std::atomic<uint64_t> limit_hits;
 	uint32_t srqn;     /* SRQs: their number; 0 for a QP's RQ */
+	uint32_t pdn;      /* SRQs: the PD their receive buffers must be in */
 	uint64_t cq_off;   /* XRC SRQs: the CqRing of their completions */
 	uint32_t cq_has_channel; /* XRC SRQs: eventfd attached to the SRQ, slot 0 */
-	uint32_t pdn;      /* SRQs: the PD their receive buffers must be in */
-	std::atomic<uint32_t> limit_seen;
 	uint32_t srq_type; /* SRQs: enum ibv_srq_type */
 	uint64_t xrc_domain; /* XRC SRQs: Xrcd::domain */
 	/* The indices, each on its own cache line: consumers CAS head, the
@@ -172,6 +174,7 @@ struct RecvQueue {
 	alignas(64) std::atomic<uint64_t> tail;
 	/* slots follow at rq_slots_offset */
 };
+static_assert(offsetof(RecvQueue, head) == 64); /* the geometry fills one line */
 static_assert(sizeof(RecvQueue) <= 192);
 constexpr uint64_t rq_slots_offset = 192;
 

@@ -439,7 +439,8 @@ int modify_srq(Srq &srq, const struct ibv_srq_attr &attr, int attr_mask)
 			return EINVAL;
 		if (attr.max_wr == 0 || attr.max_wr > device_max_wr)
 			return EINVAL;
-		if (srq.srq_limit && attr.max_wr < srq.srq_limit)
+		const uint32_t armed = srq_ring_limit(srq);
+		if (armed && attr.max_wr < armed)
 			return EINVAL;
 		uint32_t sge;
 		if (int err = srq.ctx->device->profile->size_srq(attr.max_wr, srq.requested_sge,
@@ -471,7 +472,7 @@ int query_srq(Srq &srq, struct ibv_srq_attr &attr)
 	std::lock_guard guard(srq.lock);
 	attr.max_wr = srq.max_wr;
 	attr.max_sge = srq.max_sge;
-	attr.srq_limit = srq.srq_limit;
+	attr.srq_limit = srq_ring_limit(srq);
 	return 0;
 }
 
@@ -506,23 +507,18 @@ int destroy_srq(Srq &srq)
 	return 0;
 }
 
-bool srq_update_posted(Srq &srq, uint32_t posted)
+void srq_limit_reached(Srq &srq, uint64_t events)
 {
-	bool fire = false;
 	{
 		std::lock_guard guard(srq.lock);
-		if (srq.srq_limit && posted < srq.srq_limit) {
-			srq.srq_limit = 0;
-			fire = true;
-		}
+		srq.srq_limit = srq_ring_limit(srq);
 	}
-	if (fire) {
+	for (uint64_t i = 0; i < events; i++) {
 		struct ibv_async_event ev{};
 		ev.element.srq = srq.abi();
 		ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
 		srq.ctx->post_async_event(ev);
 	}
-	return fire;
 }
 
 } // namespace shmverbs

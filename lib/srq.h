@@ -73,9 +73,10 @@ struct Srq {
 	uint32_t max_wr;       /* granted capacity (what query returns) */
 	uint32_t max_sge;      /* granted scatter entries per WR */
 	uint32_t requested_sge; /* what was asked for, for resizing */
-	/* Armed low watermark (0: not armed). When the posted receive WQEs
-	 * drop below it, IBV_EVENT_SRQ_LIMIT_REACHED is raised once and the
-	 * limit disarms (ibv_modify_srq(3)). */
+	/* The low watermark last armed (0: none). When the posted receive
+	 * WQEs drop below it, IBV_EVENT_SRQ_LIMIT_REACHED is raised once and
+	 * the limit disarms (ibv_modify_srq(3)): the ring's word says whether
+	 * it still is armed (srq_ring_limit). */
 	uint32_t srq_limit;
 	SrqRing *ring; /* the receive ring in shared memory (lib/srq_ring.h) */
 	HugeChunks::Lease huge; /* MLX_SRQ_ALLOC_TYPE's (lib/huge_pages.h) */
@@ -109,12 +110,11 @@ int get_srq_num(Srq &srq, uint32_t &srq_num);
 int destroy_srq(Srq &srq);
 
 /*
- * The SRQ limit's owner side: `posted` is the count of WQEs a consumer saw
- * left when it disarmed the limit word (lib/srq_ring.cpp). When the SRQ is
- * armed and fewer than srq_limit WQEs remain, raises
- * IBV_EVENT_SRQ_LIMIT_REACHED and disarms, as the device does. Returns true
- * when the event was raised.
+ * The SRQ limit's owner side: consumers disarmed `events` arms of the limit
+ * word since the last call (lib/srq_ring.cpp); raises
+ * IBV_EVENT_SRQ_LIMIT_REACHED for each, as the device queues one per arm
+ * when it consumes below the limit.
  */
-bool srq_update_posted(Srq &srq, uint32_t posted);
+void srq_limit_reached(Srq &srq, uint64_t events);
 
 } // namespace shmverbs

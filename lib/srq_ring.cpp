@@ -22,6 +22,7 @@ struct SrqRing {
 	shm::RecvQueue *rq = nullptr;
 	uint32_t entries = 0, max_sge = 0, stride = 0;
 	bool published = false;
+	uint64_t hits_seen = 0; /* rq->limit_hits the events were raised for */
 	std::mutex post_lock; /* the single producer */
 
 	SrqRing(Srq &s, Segment &g) : srq(s), seg(g) {}
@@ -29,15 +30,17 @@ struct SrqRing {
 
 namespace {
 
-/* The owner's side of the limit: a consumer (any process) disarmed the
- * word; raise the event here, where the SRQ's context lives. Runs on the
- * progress thread. */
+/* The owner's side of the limit: consumers (any process) disarmed the
+ * word; raise their events here, where the SRQ's context lives. Runs on
+ * the progress thread. */
 void poll_limit(void *arg)
 {
 	auto *r = static_cast<SrqRing *>(arg);
-	uint32_t seen = r->rq->limit_seen.exchange(0, std::memory_order_acq_rel);
-	if (seen)
-		srq_update_posted(r->srq, seen - 1);
+	const uint64_t hits = r->rq->limit_hits.load(std::memory_order_acquire);
+	if (hits != r->hits_seen) {
+		srq_limit_reached(r->srq, hits - r->hits_seen);
+		r->hits_seen = hits;
+	}
 	/* An XRC SRQ's CQ, which senders reach through no QP of ours: an
 	 * overrun they caused is raised here, as QpEngine's sweep does for
 	 * the CQs of QPs. */
@@ -73,7 +76,7 @@ int srq_ring_attach(Srq &srq)
 	rq->srqn = srq.srq_num;
 	rq->pdn = srq.pd ? srq.pd->pdn : 0;
 	rq->srq_type = srq.srq_type;
-	rq->limit.store(srq.srq_limit, std::memory_order_relaxed);
+	rq->limit.store(srq.srq_limit, std::memory_order_relaxed); /* arm 0 */
 	if (srq.srq_type == IBV_SRQT_XRC) {
 		rq->xrc_domain = srq.xrcd->domain;
 		rq->cq_off = srq.cq->ring_off;
@@ -115,22 +118,54 @@ void srq_ring_detach(Srq &srq)
 
 void srq_ring_set_limit(Srq &srq, uint32_t limit)
 {
-	if (srq.ring)
-		srq.ring->rq->limit.store(limit, std::memory_order_release);
+	if (!srq.ring)
+		return;
+	/* A new arm: a consumer's CAS of the previous one fails from here
+	 * on, and one that won before counted its disarm already or will. */
+	std::atomic<uint64_t> &word = srq.ring->rq->limit;
+	const uint64_t arm = (word.load(std::memory_order_relaxed) >> 32) + 1;
+	word.store(arm << 32 | limit, std::memory_order_release);
 }
+
+uint32_t srq_ring_limit(const Srq &srq)
+{
+	if (!srq.ring)
+		return srq.srq_limit;
+	return uint32_t(srq.ring->rq->limit.load(std::memory_order_acquire));
+}
+
+namespace {
+
+/* `left` WQEs remain after a consumption under the arm in `word`. */
+void disarm_below(shm::RecvQueue &rq, uint64_t word, uint64_t left)
+{
+	if (left >= uint32_t(word))
+		return;
+	/* One consumer wins the disarm of this arm and counts it; the owner
+	 * raises the event once. */
+	if (rq.limit.compare_exchange_strong(word, word & ~uint64_t(0xffffffff),
+					     std::memory_order_acq_rel))
+		rq.limit_hits.fetch_add(1, std::memory_order_release);
+}
+
+} // namespace
 
 void srq_ring_note_consumed(shm::RecvQueue &rq, uint64_t new_head)
 {
-	uint32_t limit = rq.limit.load(std::memory_order_acquire);
-	if (!limit)
+	const uint64_t word = rq.limit.load(std::memory_order_acquire);
+	if (!uint32_t(word))
 		return;
-	uint64_t left = rq.tail.load(std::memory_order_acquire) - new_head;
-	if (left >= limit)
+	disarm_below(rq, word, rq.tail.load(std::memory_order_acquire) - new_head);
+}
+
+void srq_ring_note_left(Srq &srq, uint64_t left)
+{
+	if (!srq.ring)
 		return;
-	/* One consumer wins the disarm and reports; the owner raises the
-	 * event once. */
-	if (rq.limit.compare_exchange_strong(limit, 0, std::memory_order_acq_rel))
-		rq.limit_seen.store(uint32_t(left) + 1, std::memory_order_release);
+	shm::RecvQueue &rq = *srq.ring->rq;
+	const uint64_t word = rq.limit.load(std::memory_order_acquire);
+	if (uint32_t(word))
+		disarm_below(rq, word, left);
 }
 
 uint64_t srq_ring_outstanding(const Srq &srq)

@@ -11,9 +11,10 @@
  * the SRQ.
  *
  * The SRQ limit is a word in the ring: the consumer that leaves fewer WQEs
- * than the armed limit disarms it (CAS to 0) and records what it saw; the
- * owner's progress thread then raises IBV_EVENT_SRQ_LIMIT_REACHED once
- * (srq_update_posted), within one progress tick (10 ms).
+ * than the armed limit disarms it (CAS to 0) and counts the disarm; the
+ * owner's progress thread then raises IBV_EVENT_SRQ_LIMIT_REACHED once per
+ * disarm (srq_limit_reached), within one progress tick (10 ms), even if the
+ * application armed the limit again meanwhile.
  */
 #pragma once
 
@@ -31,6 +32,12 @@ int srq_ring_attach(Srq &srq);
 void srq_ring_detach(Srq &srq);
 /* Arms (limit > 0) or disarms the limit word (modify_srq, srq.lock held). */
 void srq_ring_set_limit(Srq &srq, uint32_t limit);
+/* The limit armed now: 0 once a consumer disarmed it (query_srq). */
+uint32_t srq_ring_limit(const Srq &srq);
+/* What a consumer does after a take that left `left` WQEs: disarms an armed
+ * limit above it, for the owner's poller to raise the event (the test
+ * hook shmverbs_inject_srq_posted). */
+void srq_ring_note_left(Srq &srq, uint64_t left);
 
 /* WQEs posted and not yet taken by a sender: a snapshot, since senders in
  * any process take them meanwhile. */

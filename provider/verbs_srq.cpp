@@ -128,17 +128,18 @@ SHMV_EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
 }
 
 /*
- * Test and diagnostic hook into the data path's SRQ entry point: tells the
- * SRQ that `posted` receive WQEs remain, which raises
- * IBV_EVENT_SRQ_LIMIT_REACHED when that is below an armed limit. Returns 0,
- * or EINVAL for a NULL or foreign SRQ.
+ * Test and diagnostic hook into the data path's SRQ entry point: does what a
+ * consumer does after a take that left `posted` receive WQEs, so that
+ * IBV_EVENT_SRQ_LIMIT_REACHED follows (the owner's poller, within 10 ms)
+ * when that is below an armed limit. Returns 0, or EINVAL for a NULL or
+ * foreign SRQ.
  */
 SHMV_EXPORT int shmverbs_inject_srq_posted(struct ibv_srq *srq, uint32_t posted)
 {
 	if (!srq || !our_srq(srq))
 		return EINVAL;
 	return guard_int([&] {
-		srq_update_posted(*Srq::from(srq), posted);
+		srq_ring_note_left(*Srq::from(srq), posted);
 		return 0;
 	});
 }

@@ -457,6 +457,69 @@ TEST_CASE("srq_limit raises SRQ_LIMIT_REACHED once", "[srq]")
 	CHECK_FALSE(wait_async(p.d.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, p.srq, 100));
 }
 
+/* A device queues SRQ_LIMIT_REACHED as it consumes below the limit: an arm
+ * the application replaces right after (before our owner's poller, 10 ms,
+ * has seen the disarm) still gets its event, and the new arm stays armed
+ * until the count drops below it (ibv_query_srq(3): 0 only when not, or
+ * no longer, armed). */
+TEST_CASE("srq_limit: an arm replaced before its event still gets it; the new one stays armed",
+	  "[srq]")
+{
+	SrqPair p;
+	for (int i = 0; i < 8; i++)
+		REQUIRE(post_srq(p.srq, p.d.sge(1024 + i * 64, 64), i) == 0);
+	uint64_t next = 1;
+	/* One SEND into the SRQ, completed on both sides. */
+	auto take_one = [&] {
+		REQUIRE(send(p.s[0], p.d.sge(0, 8), next++) == 0);
+		struct ibv_wc wc;
+		for (int i = 0; i < 2; i++) {
+			REQUIRE(poll_one(p.cq, wc) == 1);
+			CHECK(wc.status == IBV_WC_SUCCESS);
+		}
+	};
+	auto arm = [&](uint32_t limit) {
+		struct ibv_srq_attr at{};
+		at.srq_limit = limit;
+		REQUIRE(ibv_modify_srq(p.srq, &at, IBV_SRQ_LIMIT) == 0);
+	};
+	auto armed = [&] {
+		struct ibv_srq_attr at{};
+		REQUIRE(ibv_query_srq(p.srq, &at) == 0);
+		return at.srq_limit;
+	};
+	/* SRQ_LIMIT_REACHED events of the SRQ within `ms`. */
+	auto events = [&](int ms) {
+		int n = 0;
+		while (wait_async(p.d.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, p.srq, ms))
+			n++;
+		return n;
+	};
+	SECTION("the same limit again: two drops, two events")
+	{
+		arm(8);
+		take_one(); /* 7 left */
+		arm(8);
+		CHECK(events(100) == 1);
+		CHECK(armed() == 8);
+		take_one(); /* 6 left: the second arm */
+		CHECK(events(100) == 1);
+		CHECK(armed() == 0);
+	}
+	SECTION("a lower limit: the first arm's event, then the second's at its drop")
+	{
+		arm(8);
+		take_one(); /* 7 left */
+		arm(6);
+		CHECK(events(100) == 1);
+		CHECK(armed() == 6);
+		take_one(); /* 6 left: not below */
+		CHECK(events(100) == 0);
+		take_one(); /* 5 left */
+		CHECK(events(100) == 1);
+	}
+}
+
 TEST_CASE("a QP on an SRQ entering ERR reports LAST_WQE_REACHED and flushes no SRQ WQE", "[srq]")
 {
 	SrqPair p;
