@@ -184,6 +184,30 @@ void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
 	std::memcpy(&wc, wc_image(e), sizeof(wc));
 	if (e.status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]]
 		wc.status = IBV_WC_GENERAL_ERR;
+	if (e.opcode < IBV_WC_RECV) { /* a send completion: SqSeq's fields */
+		wc.src_qp = 0;
+		wc.slid = 0;
+		wc.pkey_index = 0;
+	}
+}
+
+/* A send completion handed out: its WR and those before it retire from
+ * its QP's send queue (SqRetired), never backwards (a completion of the
+ * QP's life before a reset, or a peer's corrupt entry, moves nothing).
+ * Under the CQ lock. */
+void retire_send(Cq &cq, const shm::CqEntry &e)
+{
+	const uint32_t slot = uint32_t(e.slid) | uint32_t(e.pkey_index) << 16;
+	if (!slot || slot > cq.sq_owners.size())
+		return;
+	SqRetired *r = cq.sq_owners[slot - 1].get();
+	if (!r || r->qp_num != e.qp_num)
+		return;
+	uint32_t tail = r->tail.load(std::memory_order_relaxed);
+	while (int32_t(e.src_qp - tail) > 0 &&
+	       !r->tail.compare_exchange_weak(tail, e.src_qp, std::memory_order_release,
+					      std::memory_order_relaxed)) {
+	}
 }
 
 void read_entry(const shm::CqEntry &e, Completion &c)
@@ -488,6 +512,8 @@ bool load_current(Cq &cq, bool continuing)
 		    [&](const shm::CqEntry &e, int) {
 		    read_wc(e, c.wc);
 		    c.timestamp_ns = e.timestamp_ns;
+		    if (e.opcode < IBV_WC_RECV && e.src_qp)
+			    retire_send(cq, e);
 	    }) != 1)
 		return false;
 	cq.ibv.cq_ex.status = c.wc.status;
@@ -1069,8 +1095,12 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	return consume(*cq.ring, num_entries, events_of(cq), false, cq.claim_watch,
 		       [&](const shm::CqEntry &e, int i) {
 			       read_wc(e, wc[i]);
-			       if (e.rq_head && cq.rq_heads[0]) /* never set with timestamps */
+			       if (e.opcode < IBV_WC_RECV) {
+				       if (e.src_qp)
+					       retire_send(cq, e);
+			       } else if (e.rq_head && cq.rq_heads[0]) { /* never with timestamps */
 				       pass_rq_head(cq, e.qp_num, e.rq_head);
+			       }
 		       });
 }
 
@@ -1090,6 +1120,20 @@ std::shared_ptr<RqHeadSeen> cq_watch_rq(Cq &cq, uint32_t qp_num)
 	cq_clean(cq, qp_num); /* an earlier QP's of this number (recursive lock) */
 	*free = std::make_shared<RqHeadSeen>(qp_num);
 	return *free;
+}
+
+SqWatch cq_watch_sq(Cq &cq, uint32_t qp_num)
+{
+	std::lock_guard guard(cq.lock);
+	auto free = std::find_if(cq.sq_owners.begin(), cq.sq_owners.end(),
+				 [](const auto &w) { return !w || w.use_count() == 1; });
+	if (free == cq.sq_owners.end()) {
+		if (cq.sq_owners.size() >= UINT32_MAX - 1)
+			return {};
+		free = cq.sq_owners.emplace(cq.sq_owners.end());
+	}
+	*free = std::make_shared<SqRetired>(qp_num);
+	return {*free, uint32_t(free - cq.sq_owners.begin()) + 1};
 }
 
 int cq_clean(Cq &cq, uint32_t qp_num)
@@ -1320,10 +1364,13 @@ void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bo
 }
 
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len)
+			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len, SqSeq sq)
 {
 	Completion c = make_completion(wr_id, status, opcode, qp_num);
 	c.wc.byte_len = byte_len;
+	c.wc.src_qp = sq.seq;
+	c.wc.slid = uint16_t(sq.slot);
+	c.wc.pkey_index = uint16_t(sq.slot >> 16);
 	return deliver_completion(cq, c);
 }
 

@@ -93,6 +93,30 @@ struct PlainCompletion {
 	uint16_t slid = 0; /* UD */
 	uint8_t sl = 0;
 	uint64_t rq_head = 0; /* CqEntry::rq_head */
+	uint16_t pkey_index = 0; /* a send completion's: SqSeq::slot's high half */
+};
+
+/*
+ * What a send completion carries for the send queue's occupancy, in fields
+ * ibv_wc leaves undefined for a send completion (src_qp, slid, pkey_index;
+ * read_wc() zeroes them for the application): the WR's sequence number in
+ * its QP (1, 2, ...; retiring it and every WR before it) and the slot of
+ * the QP's SqRetired in the CQ (index + 1; 0: none).
+ */
+struct SqSeq {
+	uint32_t seq = 0;
+	uint32_t slot = 0;
+};
+
+/* How many of QP `qp_num`'s send WRs have retired: those up to the last
+ * send completion ibv_poll_cq() (or a poll batch) handed out, as libmlx5
+ * moves its send queue's tail when it polls a CQE (an unsignaled WR retires
+ * with the next signaled one). Shared by the send CQ and the QP's engine,
+ * whose posts see room only below max_send_wr outstanding. */
+struct SqRetired {
+	explicit SqRetired(uint32_t qpn) : qp_num(qpn) {}
+	const uint32_t qp_num;
+	std::atomic<uint32_t> tail{0}; /* a sequence number, moved forward only */
 };
 
 /* How far the RQ of QP `qp_num` was consumed, as the receive completions
@@ -279,6 +303,9 @@ struct Cq {
 	 * `lock`. Not in CQs that report timestamps (the entry's last word
 	 * is the time there). */
 	std::array<std::shared_ptr<RqHeadSeen>, 4> rq_heads;
+	/* The QPs whose send completions this CQ takes (cq_watch_sq()), by
+	 * the slot their completions name; under `lock`. */
+	std::vector<std::shared_ptr<SqRetired>> sq_owners;
 
 	/* ibv_modify_cq() moderation, recorded (see modify_cq()). */
 	uint16_t moderation_count = 0;
@@ -321,6 +348,14 @@ int cq_clean(Cq &cq, uint32_t qp_num);
  * timestamps, or watches as many QPs as it can). Completions of an earlier
  * QP of that number are dropped first: their heads are another RQ's. */
 std::shared_ptr<RqHeadSeen> cq_watch_rq(Cq &cq, uint32_t qp_num);
+/* Makes the polls of `cq` retire QP `qp_num`'s send WRs as they hand out
+ * its send completions: the record and the slot its completions name
+ * (SqSeq). A slot whose QP is gone (only the CQ holds it) is reused. */
+struct SqWatch {
+	std::shared_ptr<SqRetired> retired;
+	uint32_t slot = 0;
+};
+SqWatch cq_watch_sq(Cq &cq, uint32_t qp_num);
 int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
 
 /*

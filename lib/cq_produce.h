@@ -95,7 +95,7 @@ uint64_t monotonic_ns();
 /* deliver_send_completion() from inside a poll batch of the CQ: out of
  * line, rare. */
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len);
+			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len, SqSeq sq);
 /* Raises IBV_EVENT_CQ_ERR once for an overrun that any producer (maybe in
  * another process) recorded in the ring. Any thread, with or without the
  * CQ's lock. */
@@ -116,7 +116,7 @@ inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
 	e.qp_num = c.qp_num;
 	e.src_qp = c.src_qp;
 	e.wc_flags = c.wc_flags;
-	e.pkey_index = 0;
+	e.pkey_index = c.pkey_index;
 	e.slid = c.slid;
 	e.sl = c.sl;
 	e.dlid_path_bits = 0;
@@ -209,13 +209,18 @@ template <typename Fill>
 }
 
 inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-				   enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len)
+				   enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len,
+				   SqSeq sq)
 {
 	if (cq_detail::polling_batch == &cq) [[unlikely]]
-		return cq_detail::defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len);
+		return cq_detail::defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len,
+							sq);
 	/* Built here and copied field by field by fill_plain(): inline, the
 	 * compiler stores the constants straight into the entry. */
-	const PlainCompletion c{wr_id, status, opcode, byte_len, 0, qp_num, 0, 0, false, 0, 0};
+	const PlainCompletion c{wr_id,	     status,  opcode, byte_len,
+				0,	     qp_num,  sq.seq, 0,
+				false,	     uint16_t(sq.slot), 0,	0,
+				uint16_t(sq.slot >> 16)};
 	bool overrun_now = false;
 	CqTarget target = own_cq_target(*cq.ring);
 	const int err = cq_detail::produce(

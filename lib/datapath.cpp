@@ -380,6 +380,13 @@ QpEngine::QpEngine(Qp &qp)
 				rq_polled_ = cq_watch_rq(*recv_cq_, qpn_);
 		}
 	}
+	if (send_cq_) {
+		SqWatch w = cq_watch_sq(*send_cq_, qpn_);
+		sq_retired_ = std::move(w.retired);
+		sq_slot_ = w.slot;
+		if (sq_retired_)
+			sq_tail_ = &sq_retired_->tail;
+	}
 	desc_->magic = shm::qp_magic;
 	progress_register(this);
 }
@@ -476,6 +483,11 @@ void QpEngine::reset()
 			desc_->remote_error.store(shm::remote_error_none, std::memory_order_relaxed);
 		}
 		sq_.clear();
+		/* Every WR posted retires: the CQ clean that follows removes
+		 * their completions (a late poll of one moves nothing back). */
+		if (sq_retired_)
+			sq_retired_->tail.store(sq_posted_.load(std::memory_order_relaxed),
+						std::memory_order_release);
 		if (rq_) {
 			std::lock_guard rq_guard(rq_lock_);
 			rq_->head.store(rq_->tail.load());
@@ -513,6 +525,7 @@ void QpEngine::flush_sq_locked()
 {
 	while (!sq_.empty()) {
 		const SendWr &wr = sq_.front();
+		sq_completing_ = wr.seq;
 		complete_send(wr.wr_id, wr.send_flags, wr.opcode, IBV_WC_WR_FLUSH_ERR, 0);
 		sq_.pop_front();
 	}
@@ -721,35 +734,40 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 			prefetch_send_lines(); /* RC, UC */
 		for (; wr; wr = wr->next) {
 			const int op = raw_opcode(*wr);
+			/* The WR's number, which its completion carries; it
+			 * counts as posted once taken (sq_posted_). */
+			const uint32_t seq = sq_posted_.load(std::memory_order_relaxed) + 1;
+			sq_completing_ = seq;
+			const bool room = sq_outstanding() < caps.created.max_send_wr;
 			/* The common WR first. lane_ops_ holds only opcodes the
 			 * QP allows, and none when it has no room for one WR of
 			 * one SGE, so the checks below pass for what
 			 * direct_one() takes. */
-			if (in_mask(lane_ops_, op) && wr->num_sge == 1 && sq_.empty() && !fatal &&
-			    sq_runs(state_.load()) && direct_one(*wr))
+			if (room && in_mask(lane_ops_, op) && wr->num_sge == 1 && sq_.empty() &&
+			    !fatal && sq_runs(state_.load()) && direct_one(*wr)) {
+				sq_posted_.store(seq, std::memory_order_relaxed);
 				continue;
+			}
 			if (!in_mask(allowed_ops_, op) || wr->num_sge < 0) {
 				err = EINVAL;
 				break;
 			}
-			if (uint32_t(wr->num_sge) > caps.created.max_send_sge) {
-				err = ENOMEM; /* libmlx5: "max gs exceeded" */
-				break;
-			}
-			/* A deque's size() is arithmetic on its map; empty() is
-			 * one compare, and the queue is empty but for waits. */
-			if ((sq_.empty() ? 0 : sq_.size()) >= caps.created.max_send_wr) {
+			/* libmlx5: "work queue overflow", "max gs exceeded". */
+			if (!room || uint32_t(wr->num_sge) > caps.created.max_send_sge) {
 				err = ENOMEM;
 				break;
 			}
 			if (sq_.empty() && !fatal && sq_runs(state_.load())) {
 				if (Direct d = try_direct(*wr); d != Direct::NotTaken) {
+					sq_posted_.store(seq, std::memory_order_relaxed);
 					fatal = d == Direct::Fatal;
 					continue;
 				}
 				if ((err = fill(scratch_, wr)))
 					break;
+				sq_posted_.store(seq, std::memory_order_relaxed);
 				if (!run_now(scratch_, fatal)) {
+					scratch_.seq = seq;
 					sq_.push_back(std::move(scratch_));
 					queued = true;
 				}
@@ -760,6 +778,8 @@ int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				sq_.pop_back();
 				break;
 			}
+			w.seq = seq;
+			sq_posted_.store(seq, std::memory_order_relaxed);
 			queued = true;
 		}
 		list = keep_holds();
@@ -790,10 +810,15 @@ int QpEngine::submit(std::span<SendWr> batch)
 	 * bookkeeping below (callgrind, ibv_wr_complete per ib_write_lat
 	 * post: 379 -> 354 instructions). The builders checked the queue's
 	 * room for it. */
+	/* The builders checked the room for it (a post of another thread
+	 * since may make it one over: no harm here). */
 	if (batch.size() == 1 && sq_.empty() && sq_runs(state_.load())) {
 		if (in_mask(direct_ops_ & send_ops, batch[0].opcode))
 			prefetch_send_lines(); /* RC, UC */
+		const uint32_t seq = sq_posted_.load(std::memory_order_relaxed) + 1;
+		sq_completing_ = seq;
 		if (direct_one(batch[0])) {
+			sq_posted_.store(seq, std::memory_order_relaxed);
 			const bool list = keep_holds();
 			flush_if_halted();
 			sq_lock_.unlock();
@@ -805,14 +830,17 @@ int QpEngine::submit(std::span<SendWr> batch)
 	bool fatal = false, queued = false, list = false;
 	{
 		std::lock_guard guard(sq_lock_, std::adopt_lock);
-		/* empty() first, as in post_send(): a deque's size() is
-		 * arithmetic on its map. */
-		if ((sq_.empty() ? 0 : sq_.size()) + batch.size() >
-		    core_.caps.created.max_send_wr)
+		/* The builders checked the room for each WR, but another
+		 * thread's posts may have taken it since. */
+		if (sq_outstanding() + batch.size() > core_.caps.created.max_send_wr)
 			return ENOMEM;
 		if (!batch.empty() && in_mask(direct_ops_ & send_ops, batch[0].opcode))
 			prefetch_send_lines(); /* RC, UC */
 		for (SendWr &w : batch) {
+			/* Every WR of the batch is taken from here on. */
+			w.seq = sq_posted_.load(std::memory_order_relaxed) + 1;
+			sq_posted_.store(w.seq, std::memory_order_relaxed);
+			sq_completing_ = w.seq;
 			if (sq_.empty() && !fatal && sq_runs(state_.load())) {
 				if (direct_one(w))
 					continue;
@@ -1022,7 +1050,8 @@ void QpEngine::complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_w
 		return;
 	if (!send_cq_)
 		return;
-	deliver_send_completion(*send_cq_, wr_id, status, send_wc_opcode(opcode), qpn_, byte_len);
+	deliver_send_completion(*send_cq_, wr_id, status, send_wc_opcode(opcode), qpn_, byte_len,
+				{sq_completing_, sq_slot_});
 }
 
 bool QpEngine::progress()
@@ -1051,6 +1080,7 @@ bool QpEngine::progress()
 				wr.rnr_look = now + rnr_look_period;
 			struct ibv_wc wc{};
 			rnr_early_attempt = early;
+			sq_completing_ = wr.seq;
 			Outcome o = execute(wr, wc);
 			rnr_early_attempt = false;
 			release_holds();

@@ -270,7 +270,7 @@ struct HeldKey {
 		return direct ? reinterpret_cast<char *>(at + delta) : nullptr;
 	}
 	/* The key was withdrawn since it was taken (its owner waits for us). */
-	bool withdrawn() const { return ref && !ref.names(key); }
+	[[gnu::always_inline]] bool withdrawn() const { return ref && !ref.names(key); }
 	void release()
 	{
 		ref.release();
@@ -317,6 +317,7 @@ struct SendWr {
 	std::chrono::steady_clock::time_point rnr_look{};
 	std::chrono::steady_clock::time_point give_up{}; /* dead peer: RETRY_EXC_ERR then */
 	bool peer_dead = false;
+	uint32_t seq = 0; /* its number in the send queue (sq_posted_) */
 
 	/* Everything but the four fields above that every maker sets, as a
 	 * SendWr made anew has it: for one reused (scratch_, an ibv_qp_ex
@@ -390,6 +391,13 @@ public:
 	 * cannot take all of them. WRs that wait are moved into the queue:
 	 * the batch's SendWrs are left to be reused (SendWr::reset_rest()). */
 	int submit(std::span<SendWr> batch);
+	/* Send WRs posted and not yet retired (SqRetired). */
+	uint32_t sq_outstanding() const
+	{
+		const int32_t n = int32_t(sq_posted_.load(std::memory_order_relaxed) -
+					  sq_tail_->load(std::memory_order_acquire));
+		return n > 0 ? uint32_t(n) : 0;
+	}
 	/* Whether the QP's state lets it post sends (RTS, SQD, SQE, ERR). */
 	bool takes_sends() const
 	{
@@ -829,6 +837,20 @@ private:
 	/* How far the RQ was consumed, as the receive CQ's poller saw it
 	 * (nullptr: that CQ does not tell). */
 	std::shared_ptr<RqHeadSeen> rq_polled_;
+
+	/* The send queue's occupancy as libmlx5 counts it: WRs accepted
+	 * (sq_posted_, each numbered by it; written under sq_lock_, read by
+	 * the builders too) against those retired, which the send CQ's polls
+	 * move as they hand out completions (SqRetired). A post beyond
+	 * max_send_wr outstanding is ENOMEM. */
+	std::atomic<uint32_t> sq_posted_{0};
+	std::shared_ptr<SqRetired> sq_retired_; /* nullptr: no send CQ */
+	/* Its tail; without a send CQ (XRC_RECV) one that stays 0, and so
+	 * does sq_posted_. */
+	std::atomic<uint32_t> no_tail_{0};
+	const std::atomic<uint32_t> *sq_tail_ = &no_tail_;
+	uint32_t sq_slot_ = 0;	     /* its slot in the send CQ (SqSeq) */
+	uint32_t sq_completing_ = 0; /* the number of the WR running (sq_lock_) */
 };
 
 /* Installs the engine on a freshly created QP (from create_qp). */

@@ -55,10 +55,13 @@ void latch(QpExBatch &b, int err)
 /* Starts a WR of `opcode`; nullptr (error latched) when it cannot. */
 [[gnu::always_inline]] inline SendWr *begin(struct ibv_qp_ex *q, enum ibv_wr_opcode opcode)
 {
-	QpExBatch *b = batch_of(q);
-	if (!b)
+	QpEngine *e = engine_of(q);
+	if (!e)
 		return nullptr;
-	if (b->count >= caps_of(q).created.max_send_wr) {
+	QpExBatch *b = &e->wr_batch;
+	/* libmlx5's _common_wqe_init_op: the WRs outstanding and those of the
+	 * batch against max_send_wr. */
+	if (e->sq_outstanding() + b->count >= caps_of(q).created.max_send_wr) {
 		latch(*b, ENOMEM); /* the queue overflows */
 		return nullptr;
 	}

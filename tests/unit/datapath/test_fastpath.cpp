@@ -815,6 +815,90 @@ TEST_CASE("fast path: UC WRITEs the responder refuses are dropped, again and aga
 		CHECK(ibv_dealloc_pd(pd2) == 0);
 }
 
+/* libmlx5 counts a WR in its send queue from the post until the poll of its
+ * completion, or of a later one (an unsignaled WR retires with the next
+ * signaled one polled): with max_send_wr outstanding, the next post is
+ * ENOMEM (mlx5_wq_overflow), whichever API posts it. */
+TEST_CASE("send queue: a WR holds its room until its completion, or a later one, is polled",
+	  "[fastpath][sq]")
+{
+	const bool ex = GENERATE(false, true);
+	CAPTURE(ex);
+	Options o;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	Pair p(o);
+	p.connect();
+	struct ibv_qp_attr qa{};
+	struct ibv_qp_init_attr qi{};
+	REQUIRE(ibv_query_qp(p.a.qp, &qa, IBV_QP_CAP, &qi) == 0);
+	const uint32_t n = qi.cap.max_send_wr;
+	REQUIRE(n + 1 <= uint32_t(o.cqe));
+	auto write = [&](uint64_t id, unsigned flags = IBV_SEND_SIGNALED) {
+		return post_write(p.a, ex, id, {p.a.addr(0), 8, p.a.mr->lkey}, p.b.mr->rkey,
+				  p.b.addr(0), flags);
+	};
+	struct ibv_wc wc{};
+	SECTION("signaled: full at max_send_wr, one polled completion frees one")
+	{
+		for (uint32_t i = 0; i < n; i++)
+			REQUIRE(write(i) == 0);
+		CHECK(write(100) == ENOMEM);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == 0);
+		CHECK(write(101) == 0);
+		CHECK(write(102) == ENOMEM);
+		for (uint32_t i = 0; i < n; i++)
+			REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == 101);
+		CHECK(write(103) == 0);
+	}
+	SECTION("unsignaled: retired by the next signaled completion polled")
+	{
+		for (uint32_t i = 0; i + 1 < n; i++)
+			REQUIRE(write(i, 0) == 0);
+		REQUIRE(write(n - 1) == 0);
+		CHECK(write(200, 0) == ENOMEM);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == n - 1);
+		for (uint32_t i = 0; i < n; i++)
+			CHECK(write(300 + i, i + 1 == n ? IBV_SEND_SIGNALED : 0) == 0);
+		CHECK(write(400, 0) == ENOMEM);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == 300 + n - 1);
+		CHECK(Pair::quiet(p.a));
+	}
+	SECTION("a reset retires every WR")
+	{
+		for (uint32_t i = 0; i < n; i++)
+			REQUIRE(write(i) == 0);
+		CHECK(write(500) == ENOMEM);
+		struct ibv_qp_attr reset{};
+		reset.qp_state = IBV_QPS_RESET;
+		REQUIRE(ibv_modify_qp(p.a.qp, &reset, IBV_QP_STATE) == 0);
+		REQUIRE(Pair::up(p.a, p.b.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
+		for (uint32_t i = 0; i < n; i++)
+			REQUIRE(write(600 + i) == 0);
+		CHECK(write(700) == ENOMEM);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == 600); /* the reset removed the others */
+	}
+	SECTION("flushed WRs free their room when their completions are polled")
+	{
+		for (uint32_t i = 0; i + 1 < n; i++)
+			REQUIRE(write(i, 0) == 0);
+		struct ibv_qp_attr err{};
+		err.qp_state = IBV_QPS_ERR;
+		REQUIRE(ibv_modify_qp(p.a.qp, &err, IBV_QP_STATE) == 0);
+		/* Posted in ERR: flushed, and the error completion retires
+		 * the unsignaled WRs before it. */
+		REQUIRE(write(800, 0) == 0);
+		CHECK(write(801, 0) == ENOMEM);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK((wc.wr_id == 800 && wc.status == IBV_WC_WR_FLUSH_ERR));
+		CHECK(write(802, 0) == 0);
+	}
+}
+
 TEST_CASE("fast path: inline WRITEs over the limit after a stream of them", "[fastpath][write]")
 {
 	Options o;

@@ -1634,7 +1634,8 @@ TEST_CASE("UD: 20000 sends on to a destroyed QP complete and reach nobody", "[ud
 	REQUIRE(ah);
 	const uint32_t old = reached_then_destroyed(p, ah, false);
 	int sends = 0;
-	/* 20000 unsignaled sends, one signaled at the end. */
+	/* 20000 sends, every 8th signaled and its completion polled before
+	 * the next (which frees the send queue's room for the 8 WRs). */
 	struct ibv_sge s = p.d.sge(0, 8);
 	struct ibv_send_wr wr{}, *bad = nullptr;
 	wr.opcode = IBV_WR_SEND;
@@ -1643,14 +1644,23 @@ TEST_CASE("UD: 20000 sends on to a destroyed QP complete and reach nobody", "[ud
 	wr.wr.ud.ah = ah;
 	wr.wr.ud.remote_qpn = old;
 	wr.wr.ud.remote_qkey = 0x11111111;
+	int signaled = 0;
 	for (int i = 0; i < 20000; i++) {
 		wr.wr_id = uint64_t(i);
-		wr.send_flags = i == 19999 ? IBV_SEND_SIGNALED : 0;
+		wr.send_flags = i % 8 == 7 ? IBV_SEND_SIGNALED : 0;
 		REQUIRE(ibv_post_send(p.a, &wr, &bad) == 0);
+		if (i % 8 == 7) {
+			struct ibv_wc wc;
+			REQUIRE(poll_one(p.cq, wc) == 1);
+			CHECK((wc.wr_id == uint64_t(i) && wc.status == IBV_WC_SUCCESS &&
+			       wc.opcode == IBV_WC_SEND));
+			signaled++;
+		}
 	}
 	auto recv = drain_recvs(p.cq, sends);
 	CHECK(recv.empty());
-	CHECK(sends == 1);
+	CHECK(sends == 0);
+	CHECK(signaled == 2500);
 	ibv_destroy_ah(ah);
 }
 
