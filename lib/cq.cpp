@@ -184,30 +184,27 @@ void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
 	std::memcpy(&wc, wc_image(e), sizeof(wc));
 	if (e.status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]]
 		wc.status = IBV_WC_GENERAL_ERR;
-	if (e.opcode < IBV_WC_RECV) { /* a send completion: SqSeq's fields */
-		wc.src_qp = 0;
-		wc.slid = 0;
-		wc.pkey_index = 0;
-	}
 }
 
-/* A send completion handed out: its WR and those before it retire from
- * its QP's send queue (SqRetired), never backwards (a completion of the
- * QP's life before a reset, or a peer's corrupt entry, moves nothing).
- * Under the CQ lock. */
-void retire_send(Cq &cq, const shm::CqEntry &e)
+/* A send completion handed out (`wc` its copy, a send completion's when
+ * e.src_qp is set: SqSeq): its WR and those before it retire from its
+ * QP's send queue (SqRetired), never backwards (a peer's corrupt entry
+ * moves nothing but its QP's count), and the application sees zeros in
+ * SqSeq's fields. Under the CQ lock, which makes us the tail's one
+ * writer: a load and a store. */
+[[gnu::always_inline]] inline void retire_send(Cq &cq, const shm::CqEntry &e, struct ibv_wc &wc)
 {
+	wc.src_qp = 0;
+	wc.slid = 0;
+	wc.pkey_index = 0;
 	const uint32_t slot = uint32_t(e.slid) | uint32_t(e.pkey_index) << 16;
-	if (!slot || slot > cq.sq_owners.size())
+	if (slot - 1 >= cq.sq_owners.size()) [[unlikely]] /* 0 wraps: none */
 		return;
 	SqRetired *r = cq.sq_owners[slot - 1].get();
-	if (!r || r->qp_num != e.qp_num)
+	if (!r || r->qp_num != e.qp_num) [[unlikely]]
 		return;
-	uint32_t tail = r->tail.load(std::memory_order_relaxed);
-	while (int32_t(e.src_qp - tail) > 0 &&
-	       !r->tail.compare_exchange_weak(tail, e.src_qp, std::memory_order_release,
-					      std::memory_order_relaxed)) {
-	}
+	if (int32_t(e.src_qp - r->tail.load(std::memory_order_relaxed)) > 0)
+		r->tail.store(e.src_qp, std::memory_order_release);
 }
 
 void read_entry(const shm::CqEntry &e, Completion &c)
@@ -513,7 +510,7 @@ bool load_current(Cq &cq, bool continuing)
 		    read_wc(e, c.wc);
 		    c.timestamp_ns = e.timestamp_ns;
 		    if (e.opcode < IBV_WC_RECV && e.src_qp)
-			    retire_send(cq, e);
+			    retire_send(cq, e, c.wc);
 	    }) != 1)
 		return false;
 	cq.ibv.cq_ex.status = c.wc.status;
@@ -1097,7 +1094,7 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 			       read_wc(e, wc[i]);
 			       if (e.opcode < IBV_WC_RECV) {
 				       if (e.src_qp)
-					       retire_send(cq, e);
+					       retire_send(cq, e, wc[i]);
 			       } else if (e.rq_head && cq.rq_heads[0]) { /* never with timestamps */
 				       pass_rq_head(cq, e.qp_num, e.rq_head);
 			       }

@@ -116,7 +116,9 @@ struct SqSeq {
 struct SqRetired {
 	explicit SqRetired(uint32_t qpn) : qp_num(qpn) {}
 	const uint32_t qp_num;
-	std::atomic<uint32_t> tail{0}; /* a sequence number, moved forward only */
+	/* A sequence number, moved forward only, by the CQ's polls (under
+	 * its lock: one writer). */
+	std::atomic<uint32_t> tail{0};
 };
 
 /* How far the RQ of QP `qp_num` was consumed, as the receive completions

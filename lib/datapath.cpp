@@ -483,11 +483,12 @@ void QpEngine::reset()
 			desc_->remote_error.store(shm::remote_error_none, std::memory_order_relaxed);
 		}
 		sq_.clear();
-		/* Every WR posted retires: the CQ clean that follows removes
-		 * their completions (a late poll of one moves nothing back). */
-		if (sq_retired_)
-			sq_retired_->tail.store(sq_posted_.load(std::memory_order_relaxed),
-						std::memory_order_release);
+		/* Every WR posted retires (the CQ clean that follows removes
+		 * their completions): the numbering goes on from the tail,
+		 * which the polls keep to themselves. (A poll of one of them
+		 * racing with this leaves the tail ahead for a while, which
+		 * counts as nothing outstanding.) */
+		sq_posted_.store(sq_tail_->load(std::memory_order_acquire), std::memory_order_relaxed);
 		if (rq_) {
 			std::lock_guard rq_guard(rq_lock_);
 			rq_->head.store(rq_->tail.load());
