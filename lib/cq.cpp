@@ -197,7 +197,7 @@ void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
 	wc.src_qp = 0;
 	wc.slid = 0;
 	wc.pkey_index = 0;
-	const uint32_t slot = uint32_t(e.slid) | uint32_t(e.pkey_index) << 16;
+	const uint32_t slot = uint32_t(e.pkey_index) | uint32_t(e.slid) << 16; /* adjacent */
 	if (slot - 1 >= cq.sq_owners.size()) [[unlikely]] /* 0 wraps: none */
 		return;
 	SqRetired *r = cq.sq_owners[slot - 1].get();
@@ -1366,8 +1366,8 @@ int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 	Completion c = make_completion(wr_id, status, opcode, qp_num);
 	c.wc.byte_len = byte_len;
 	c.wc.src_qp = sq.seq;
-	c.wc.slid = uint16_t(sq.slot);
-	c.wc.pkey_index = uint16_t(sq.slot >> 16);
+	c.wc.pkey_index = uint16_t(sq.slot);
+	c.wc.slid = uint16_t(sq.slot >> 16);
 	return deliver_completion(cq, c);
 }
 

@@ -98,10 +98,10 @@ struct PlainCompletion {
 
 /*
  * What a send completion carries for the send queue's occupancy, in fields
- * ibv_wc leaves undefined for a send completion (src_qp, slid, pkey_index;
- * read_wc() zeroes them for the application): the WR's sequence number in
- * its QP (1, 2, ...; retiring it and every WR before it) and the slot of
- * the QP's SqRetired in the CQ (index + 1; 0: none).
+ * ibv_wc leaves undefined for a send completion (the polls zero them for
+ * the application): the WR's sequence number in its QP (src_qp; 1, 2, ...;
+ * retiring it and every WR before it) and the slot of the QP's SqRetired
+ * in the CQ (index + 1, 0: none; low half in pkey_index, high in slid).
  */
 struct SqSeq {
 	uint32_t seq = 0;

@@ -219,8 +219,8 @@ inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status st
 	 * compiler stores the constants straight into the entry. */
 	const PlainCompletion c{wr_id,	     status,  opcode, byte_len,
 				0,	     qp_num,  sq.seq, 0,
-				false,	     uint16_t(sq.slot), 0,	0,
-				uint16_t(sq.slot >> 16)};
+				false,	     uint16_t(sq.slot >> 16), 0,	0,
+				uint16_t(sq.slot)};
 	bool overrun_now = false;
 	CqTarget target = own_cq_target(*cq.ring);
 	const int err = cq_detail::produce(
