@@ -186,8 +186,8 @@ void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
 		wc.status = IBV_WC_GENERAL_ERR;
 }
 
-/* A send completion handed out (`wc` its copy, a send completion's when
- * e.src_qp is set: SqSeq): its WR and those before it retire from its
+/* A send completion handed out (`wc` its copy; SqSeq's slot 0: none): its
+ * WR and those before it retire from its
  * QP's send queue (SqRetired), never backwards (a peer's corrupt entry
  * moves nothing but its QP's count), and the application sees zeros in
  * SqSeq's fields. Under the CQ lock, which makes us the tail's one
@@ -509,7 +509,7 @@ bool load_current(Cq &cq, bool continuing)
 		    [&](const shm::CqEntry &e, int) {
 		    read_wc(e, c.wc);
 		    c.timestamp_ns = e.timestamp_ns;
-		    if (e.opcode < IBV_WC_RECV && e.src_qp)
+		    if (e.opcode < IBV_WC_RECV)
 			    retire_send(cq, e, c.wc);
 	    }) != 1)
 		return false;
@@ -1092,10 +1092,9 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 	return consume(*cq.ring, num_entries, events_of(cq), false, cq.claim_watch,
 		       [&](const shm::CqEntry &e, int i) {
 			       read_wc(e, wc[i]);
-			       if (e.opcode < IBV_WC_RECV) {
-				       if (e.src_qp)
-					       retire_send(cq, e, wc[i]);
-			       } else if (e.rq_head && cq.rq_heads[0]) { /* never with timestamps */
+			       if (e.opcode < IBV_WC_RECV)
+				       retire_send(cq, e, wc[i]);
+			       else if (e.rq_head && cq.rq_heads[0]) { /* never with timestamps */
 				       pass_rq_head(cq, e.qp_num, e.rq_head);
 			       }
 		       });

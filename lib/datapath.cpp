@@ -385,7 +385,7 @@ QpEngine::QpEngine(Qp &qp)
 		sq_retired_ = std::move(w.retired);
 		sq_slot_ = w.slot;
 		if (sq_retired_)
-			sq_tail_ = &sq_retired_->tail;
+			sq_tail_.store(&sq_retired_->tail, std::memory_order_release);
 	}
 	desc_->magic = shm::qp_magic;
 	progress_register(this);
@@ -461,6 +461,8 @@ void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
 	std::lock_guard guard(sq_lock_);
 	snapshot_attr();
 	state_.store(to);
+	if (to == IBV_QPS_RTS)
+		sq_opened_.store(true, std::memory_order_relaxed);
 	if (desc_)
 		desc_->state.store(to, std::memory_order_release);
 	/* SQE: the send queue stops and what it holds is flushed; receives
@@ -475,6 +477,7 @@ void QpEngine::reset()
 		std::lock_guard guard(sq_lock_);
 		snapshot_attr();
 		state_.store(IBV_QPS_RESET);
+		sq_opened_.store(false, std::memory_order_relaxed);
 		if (desc_) {
 			desc_->state.store(IBV_QPS_RESET, std::memory_order_seq_cst);
 			/* A responder error a sender left for check_remote_errors()
@@ -484,11 +487,11 @@ void QpEngine::reset()
 		}
 		sq_.clear();
 		/* Every WR posted retires (the CQ clean that follows removes
-		 * their completions): the numbering goes on from the tail,
-		 * which the polls keep to themselves. (A poll of one of them
-		 * racing with this leaves the tail ahead for a while, which
-		 * counts as nothing outstanding.) */
-		sq_posted_.store(sq_tail_->load(std::memory_order_acquire), std::memory_order_relaxed);
+		 * their completions); wait_for_senders() then gives the QP
+		 * a new count in the send CQ, which no completion of the old
+		 * life names. */
+		sq_posted_.store(sq_tail_.load(std::memory_order_relaxed)->load(std::memory_order_acquire),
+				 std::memory_order_relaxed);
 		if (rq_) {
 			std::lock_guard rq_guard(rq_lock_);
 			rq_->head.store(rq_->tail.load());
@@ -520,6 +523,22 @@ void QpEngine::wait_for_senders()
 	 * released) or is stopped; a live idle one lets go within 20 ms. */
 	if (desc_)
 		drain_senders(std::chrono::milliseconds(100), true);
+	/* A new send queue count (SqRetired) in a new slot of the send CQ:
+	 * a completion of the old life that a poll hands out after the reset
+	 * (another thread's poll before the clean, an entry the clean could
+	 * not take yet) retires into the old one. The CQ's lock, so no QP
+	 * lock held. */
+	if (!send_cq_)
+		return;
+	SqWatch w = cq_watch_sq(*send_cq_, qpn_);
+	if (!w.retired)
+		return; /* the old count goes on (reset() numbered from its tail) */
+	std::lock_guard guard(sq_lock_);
+	sq_retired_before_ = std::move(sq_retired_);
+	sq_retired_ = std::move(w.retired);
+	sq_slot_ = w.slot;
+	sq_posted_.store(0, std::memory_order_relaxed);
+	sq_tail_.store(&sq_retired_->tail, std::memory_order_release);
 }
 
 void QpEngine::flush_sq_locked()
@@ -563,11 +582,16 @@ void QpEngine::check_remote_errors()
 	 * pull each descriptor's line away from the senders using it. */
 	if (desc_->remote_error.load(std::memory_order_relaxed) == shm::remote_error_none)
 		return;
-	uint32_t err = desc_->remote_error.exchange(shm::remote_error_none);
+	/* The QP enters ERR before the error is cleared, so that senders
+	 * find it not ready throughout (responder_ready). Of two threads
+	 * here, one moves it (and raises the event), the other finds it in
+	 * ERR already; a reset meanwhile cleared the error itself. */
+	uint32_t err = desc_->remote_error.load(std::memory_order_acquire);
 	if (err == shm::remote_error_none)
 		return;
 	if (qp_async_error(core_, IBV_QPS_ERR) && err == shm::remote_error_access)
 		post_qp_event(core_, IBV_EVENT_QP_ACCESS_ERR);
+	desc_->remote_error.compare_exchange_strong(err, shm::remote_error_none);
 }
 
 /* ---- Posting ---- */

@@ -395,15 +395,19 @@ public:
 	uint32_t sq_outstanding() const
 	{
 		const int32_t n = int32_t(sq_posted_.load(std::memory_order_relaxed) -
-					  sq_tail_->load(std::memory_order_acquire));
+					  sq_tail_.load(std::memory_order_acquire)
+						  ->load(std::memory_order_acquire));
 		return n > 0 ? uint32_t(n) : 0;
 	}
-	/* Whether the QP's state lets it post sends (RTS, SQD, SQE, ERR). */
+	/* Whether the QP's state lets it post sends: RTS, SQD, SQE, and ERR
+	 * when entered after RTS (libmlx5 opens the send queue at RTS and
+	 * closes it at RESET only: set_qp_operational_state). */
 	bool takes_sends() const
 	{
 		const int st = state_.load();
 		return st != IBV_QPS_RESET && st != IBV_QPS_INIT && st != IBV_QPS_RTR &&
-		       type_ != IBV_QPT_XRC_RECV;
+		       type_ != IBV_QPT_XRC_RECV &&
+		       (st != IBV_QPS_ERR || sq_opened_.load(std::memory_order_relaxed));
 	}
 
 	QpExBatch wr_batch;
@@ -831,6 +835,8 @@ private:
 	std::vector<char> gathered_;
 	LocalKeyCache local_refs_;
 	std::atomic<int> state_{IBV_QPS_RESET};
+	/* The QP reached RTS since its creation or last reset (takes_sends). */
+	std::atomic<bool> sq_opened_{false};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	SpinLock rq_lock_;          /* posting to our RQ */
 	uint64_t rq_head_seen_ = 0; /* rq_->head as last known, under rq_lock_ */
@@ -845,10 +851,12 @@ private:
 	 * max_send_wr outstanding is ENOMEM. */
 	std::atomic<uint32_t> sq_posted_{0};
 	std::shared_ptr<SqRetired> sq_retired_; /* nullptr: no send CQ */
+	/* The one before the last reset, which a builder may still read. */
+	std::shared_ptr<SqRetired> sq_retired_before_;
 	/* Its tail; without a send CQ (XRC_RECV) one that stays 0, and so
-	 * does sq_posted_. */
+	 * does sq_posted_. A reset replaces it (wait_for_senders). */
 	std::atomic<uint32_t> no_tail_{0};
-	const std::atomic<uint32_t> *sq_tail_ = &no_tail_;
+	std::atomic<const std::atomic<uint32_t> *> sq_tail_{&no_tail_};
 	uint32_t sq_slot_ = 0;	     /* its slot in the send CQ (SqSeq) */
 	uint32_t sq_completing_ = 0; /* the number of the WR running (sq_lock_) */
 };

@@ -50,7 +50,8 @@ public:
 	/* After reset(), without the core lock: returns once no sender that
 	 * found the QP ready is still inside it (bounded), so that nothing of
 	 * the QP's previous life completes after modify_qp() then drops the
-	 * QP's completions from its CQs (as libmlx5 does, mlx5_cq_clean). */
+	 * QP's completions from its CQs (as libmlx5 does, mlx5_cq_clean);
+	 * and starts the send queue's count afresh. */
 	virtual void wait_for_senders() = 0;
 	/* Any other transition (INIT, RTR, RTS, SQD, SQE). */
 	virtual void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) = 0;

@@ -658,8 +658,6 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 	 * listing is a directory read anyway), holding nothing across WRs. */
 	const bool block_self = core_.create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
 	for (auto [qpn, pid] : group_members(group_dir(device_, ah.grh.dgid, eth ? 0 : ah.dlid))) {
-		if (block_self && qpn == qpn_ && uint32_t(pid) == own_pid())
-			continue; /* not looped back to the sending QP */
 		PeerObject obj;
 		if (resolve_object(to_device, broker::ObjectKind::Qp, qpn, obj))
 			continue;
@@ -667,6 +665,8 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 		if (!desc || desc->magic != shm::qp_magic || desc->qpn != qpn ||
 		    desc->type != IBV_QPT_UD || !obj.seg->alive())
 			continue;
+		if (block_self && qpn == qpn_ && uint32_t(obj.seg->pid) == own_pid())
+			continue; /* not looped back to the sending QP */
 		if (pid && obj.seg->pid != pid)
 			continue; /* a stale entry: the number now names another QP */
 		desc->inflight.fetch_add(1, std::memory_order_seq_cst);

@@ -649,6 +649,14 @@ TEST_CASE("posting: a send before RTS is ENOMEM, a receive in RESET EINVAL, with
 	CHECK(ibv_post_recv(n.qp, &rwr, &rbad) == 0);
 	wr.opcode = IBV_WR_SEND;
 	CHECK(ibv_post_send(n.qp, &wr, &bad) == ENOMEM);
+	/* Nor in ERR entered from INIT: the send queue opens at RTS only (a
+	 * QP that was in RTS posts in ERR, and its WRs are flushed). */
+	struct ibv_qp_attr err{};
+	err.qp_state = IBV_QPS_ERR;
+	REQUIRE(ibv_modify_qp(n.qp, &err, IBV_QP_STATE) == 0);
+	bad = nullptr;
+	CHECK(ibv_post_send(n.qp, &wr, &bad) == ENOMEM);
+	CHECK(bad == &wr);
 }
 
 TEST_CASE("posting: more SGEs than max_send_sge is ENOMEM at that WR, those before it go",
