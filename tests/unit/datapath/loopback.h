@@ -132,6 +132,15 @@ struct Pair {
 		return shmv_test::wait_wc(s.cq, wc, ms);
 	}
 
+	/* The capacities `s`'s QP was granted (ibv_query_qp). */
+	static struct ibv_qp_cap caps(Side &s)
+	{
+		struct ibv_qp_attr qa{};
+		struct ibv_qp_init_attr qi{};
+		REQUIRE(ibv_query_qp(s.qp, &qa, IBV_QP_CAP, &qi) == 0);
+		return qi.cap;
+	}
+
 	/* No completion within `ms`. */
 	static bool quiet(Side &s, int ms = 30)
 	{

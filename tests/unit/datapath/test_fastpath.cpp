@@ -719,10 +719,7 @@ TEST_CASE("fast path: a QP without send SGEs refuses one after a stream of empty
 	o.max_send_sge = 0;
 	Pair p(o);
 	p.connect();
-	struct ibv_qp_attr qa{};
-	struct ibv_qp_init_attr qi{};
-	REQUIRE(ibv_query_qp(p.a.qp, &qa, IBV_QP_CAP, &qi) == 0);
-	REQUIRE(qi.cap.max_send_sge == 0);
+	REQUIRE(Pair::caps(p.a).max_send_sge == 0);
 	struct ibv_wc wc{};
 	for (uint64_t id = 1; id <= 3; id++) {
 		struct ibv_send_wr wr{}, *bad = nullptr;
@@ -828,10 +825,7 @@ TEST_CASE("send queue: a WR holds its room until its completion, or a later one,
 	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
 	Pair p(o);
 	p.connect();
-	struct ibv_qp_attr qa{};
-	struct ibv_qp_init_attr qi{};
-	REQUIRE(ibv_query_qp(p.a.qp, &qa, IBV_QP_CAP, &qi) == 0);
-	const uint32_t n = qi.cap.max_send_wr;
+	const uint32_t n = Pair::caps(p.a).max_send_wr;
 	REQUIRE(n + 1 <= uint32_t(o.cqe));
 	auto write = [&](uint64_t id, unsigned flags = IBV_SEND_SIGNALED) {
 		return post_write(p.a, ex, id, {p.a.addr(0), 8, p.a.mr->lkey}, p.b.mr->rkey,
@@ -905,10 +899,7 @@ TEST_CASE("fast path: inline WRITEs over the limit after a stream of them", "[fa
 	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
 	Pair p(o);
 	p.connect();
-	struct ibv_qp_attr qa{};
-	struct ibv_qp_init_attr qi{};
-	REQUIRE(ibv_query_qp(p.a.qp, &qa, IBV_QP_CAP, &qi) == 0);
-	const uint32_t limit = qi.cap.max_inline_data;
+	const uint32_t limit = Pair::caps(p.a).max_inline_data;
 	REQUIRE(limit + 1 <= 2048);
 	std::memset(p.a.at(0), 'i', limit + 1);
 	std::memset(p.b.at(0), '.', limit + 1);
