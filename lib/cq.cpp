@@ -1118,7 +1118,7 @@ std::shared_ptr<RqHeadSeen> cq_watch_rq(Cq &cq, uint32_t qp_num)
 	return *free;
 }
 
-SqWatch cq_watch_sq(Cq &cq, uint32_t qp_num)
+SqWatch cq_watch_sq(Cq &cq, uint32_t qp_num, uint32_t tail)
 {
 	std::lock_guard guard(cq.lock);
 	auto free = std::find_if(cq.sq_owners.begin(), cq.sq_owners.end(),
@@ -1128,7 +1128,7 @@ SqWatch cq_watch_sq(Cq &cq, uint32_t qp_num)
 			return {};
 		free = cq.sq_owners.emplace(cq.sq_owners.end());
 	}
-	*free = std::make_shared<SqRetired>(qp_num);
+	*free = std::make_shared<SqRetired>(qp_num, tail);
 	return {*free, uint32_t(free - cq.sq_owners.begin()) + 1};
 }
 

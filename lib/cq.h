@@ -114,7 +114,7 @@ struct SqSeq {
  * with the next signaled one). Shared by the send CQ and the QP's engine,
  * whose posts see room only below max_send_wr outstanding. */
 struct SqRetired {
-	explicit SqRetired(uint32_t qpn) : qp_num(qpn) {}
+	SqRetired(uint32_t qpn, uint32_t start) : qp_num(qpn), tail(start) {}
 	const uint32_t qp_num;
 	/* A sequence number, moved forward only, by the CQ's polls (under
 	 * its lock: one writer). */
@@ -357,7 +357,7 @@ struct SqWatch {
 	std::shared_ptr<SqRetired> retired;
 	uint32_t slot = 0;
 };
-SqWatch cq_watch_sq(Cq &cq, uint32_t qp_num);
+SqWatch cq_watch_sq(Cq &cq, uint32_t qp_num, uint32_t tail = 0);
 int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
 
 /*

@@ -523,21 +523,26 @@ void QpEngine::wait_for_senders()
 	 * released) or is stopped; a live idle one lets go within 20 ms. */
 	if (desc_)
 		drain_senders(std::chrono::milliseconds(100), true);
-	/* A new send queue count (SqRetired) in a new slot of the send CQ:
-	 * a completion of the old life that a poll hands out after the reset
+	/* A completion of the old life that a poll hands out after the reset
 	 * (another thread's poll before the clean, an entry the clean could
-	 * not take yet) retires into the old one. The CQ's lock, so no QP
-	 * lock held. */
+	 * not take yet) retires into the old count. */
+	renumber_sq(1);
+}
+
+void QpEngine::renumber_sq(uint32_t next)
+{
+	/* A new count (SqRetired) in a new slot of the send CQ. The CQ's
+	 * lock first, so no QP lock held. */
 	if (!send_cq_)
 		return;
-	SqWatch w = cq_watch_sq(*send_cq_, qpn_);
+	SqWatch w = cq_watch_sq(*send_cq_, qpn_, next - 1);
 	if (!w.retired)
 		return; /* the old count goes on (reset() numbered from its tail) */
 	std::lock_guard guard(sq_lock_);
 	sq_retired_before_ = std::move(sq_retired_);
 	sq_retired_ = std::move(w.retired);
 	sq_slot_ = w.slot;
-	sq_posted_.store(0, std::memory_order_relaxed);
+	sq_posted_.store(next - 1, std::memory_order_relaxed);
 	sq_tail_.store(&sq_retired_->tail, std::memory_order_release);
 }
 
@@ -2118,6 +2123,15 @@ int post_send(Qp &qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 		return EINVAL;
 	}
 	return e->post_send(wr, bad_wr);
+}
+
+int renumber_send_queue(Qp &qp, uint32_t next)
+{
+	auto *e = static_cast<QpEngine *>(qp.core->data_path.get());
+	if (!e)
+		return EINVAL;
+	e->renumber_sq(next);
+	return 0;
 }
 
 int post_recv(Qp &qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)

@@ -383,6 +383,10 @@ public:
 	void state_changed(enum ibv_qp_state from, enum ibv_qp_state to) override;
 	/* Without the core lock. */
 	void wait_for_senders() override;
+	/* Starts the send queue's count afresh, in a new slot of the send
+	 * CQ, so that the next WR posted is number `next`, nothing
+	 * outstanding (after a reset: 1). No lock held. */
+	void renumber_sq(uint32_t next);
 
 	int post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 	int post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
@@ -867,6 +871,9 @@ void attach_data_path(Qp &qp);
 /* The entry points behind ibv_post_send/ibv_post_recv. */
 int post_send(Qp &qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 int post_recv(Qp &qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+/* QpEngine::renumber_sq() of the QP (the test hook shmverbs_test_renumber_sq,
+ * which reaches the wrap of the WR numbers without 2^32 posts). */
+int renumber_send_queue(Qp &qp, uint32_t next);
 
 /* Progress thread (lib/progress.cpp): keeps the engines moving. */
 void progress_register(QpEngine *e);

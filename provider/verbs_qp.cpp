@@ -90,6 +90,19 @@ void install_qp_ops(struct verbs_context &v)
 
 } // namespace shmverbs::abi
 
+/*
+ * Test hook: starts the QP's send queue count afresh so that the next WR
+ * posted is number `next` (lib/cq.h SqSeq), for the tests of its wrap at
+ * 2^32 without 2^32 posts. Returns 0, or EINVAL for a NULL or foreign QP.
+ * Call it with no WR outstanding and nothing else posting.
+ */
+SHMV_EXPORT int shmverbs_test_renumber_sq(struct ibv_qp *qp, uint32_t next)
+{
+	if (!qp || !to_context(qp->context))
+		return EINVAL;
+	return guard_int([&] { return renumber_send_queue(*Qp::from(qp), next); });
+}
+
 SHMV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
 {
 	if (!pd || !qp_init_attr)

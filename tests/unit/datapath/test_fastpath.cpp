@@ -20,6 +20,10 @@
 
 using namespace loopback;
 
+/* The test hook of provider/verbs_qp.cpp: the next WR posted on `qp` is
+ * number `next`. */
+extern "C" int shmverbs_test_renumber_sq(struct ibv_qp *qp, uint32_t next);
+
 namespace {
 
 bool fired(struct ibv_comp_channel *ch, int ms)
@@ -891,6 +895,27 @@ TEST_CASE("send queue: a WR holds its room until its completion, or a later one,
 		CHECK((wc.wr_id == 800 && wc.status == IBV_WC_WR_FLUSH_ERR));
 		CHECK(write(802, 0) == 0);
 	}
+}
+
+/* The WR numbers wrap at 2^32; the one numbered 0 retires like any other
+ * (a QP of one WR would otherwise be full for ever after it). */
+TEST_CASE("send queue: the WR numbers wrap without losing room", "[fastpath][sq]")
+{
+	Options o;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	o.max_send_wr = 1;
+	Pair p(o);
+	p.connect();
+	REQUIRE(Pair::caps(p.a).max_send_wr == 1);
+	REQUIRE(shmverbs_test_renumber_sq(p.a.qp, 0xfffffffdu) == 0);
+	struct ibv_wc wc{};
+	for (uint64_t id = 1; id <= 6; id++) { /* numbers ...fd, fe, ff, 0, 1, 2 */
+		REQUIRE(post_write(p.a, false, id, {p.a.addr(0), 8, p.a.mr->lkey}, p.b.mr->rkey,
+				   p.b.addr(0)) == 0);
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK((wc.wr_id == id && wc.status == IBV_WC_SUCCESS));
+	}
+	CHECK(shmverbs_test_renumber_sq(nullptr, 1) == EINVAL);
 }
 
 TEST_CASE("fast path: inline WRITEs over the limit after a stream of them", "[fastpath][write]")
