@@ -371,7 +371,9 @@ int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr);
 int deliver_completion(Cq &cq, const Completion &c);
 /* deliver_send_completion(): deliver_completion() of a send completion
  * (the given fields, every other one zero: not solicited, no timestamp
- * given) without building a Completion; inline in lib/cq_produce.h. */
+ * given) without building a Completion, through the caller's CqTarget of
+ * the CQ's ring (own_cq_target(), kept between completions); inline in
+ * lib/cq_produce.h. */
 
 /*
  * A producer's hold on a CQ ring: its header, which never moves, and the

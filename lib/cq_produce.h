@@ -208,9 +208,9 @@ template <typename Fill>
 		cons_seen);
 }
 
-inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-				   enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len,
-				   SqSeq sq)
+inline int deliver_send_completion(Cq &cq, CqTarget &target, uint64_t wr_id,
+				   enum ibv_wc_status status, enum ibv_wc_opcode opcode,
+				   uint32_t qp_num, uint32_t byte_len, SqSeq sq)
 {
 	if (cq_detail::polling_batch == &cq) [[unlikely]]
 		return cq_detail::defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len,
@@ -222,7 +222,6 @@ inline int deliver_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status st
 				false,	     uint16_t(sq.slot >> 16), 0,	0,
 				uint16_t(sq.slot)};
 	bool overrun_now = false;
-	CqTarget target = own_cq_target(*cq.ring);
 	const int err = cq_detail::produce(
 		target, status != IBV_WC_SUCCESS, false,
 		[&](shm::CqEntry &e) { cq_detail::fill_plain(e, c); },

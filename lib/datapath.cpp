@@ -329,7 +329,9 @@ QpEngine::QpEngine(Qp &qp)
 	: qp_(qp), core_(*qp.core), seg_(Segment::of(qp.core->device->index)), device_(qp.core->device->index),
 	  qpn_(qp.core->qp_num), type_(qp.core->type), allowed_ops_(0), direct_ops_(0), lane_ops_(0),
 	  pdn_(qp.pd ? qp.pd->pdn : 0),
-	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq), local_keys_(KeyTable::of(*qp.ctx->device))
+	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq),
+	  send_target_(send_cq_ ? own_cq_target(*send_cq_->ring) : CqTarget{}),
+	  local_keys_(KeyTable::of(*qp.ctx->device))
 {
 	for (int op = 0; op < 32; op++)
 		if (opcode_allowed(type_, op))
@@ -1080,8 +1082,8 @@ void QpEngine::complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_w
 		return;
 	if (!send_cq_)
 		return;
-	deliver_send_completion(*send_cq_, wr_id, status, send_wc_opcode(opcode), qpn_, byte_len,
-				{sq_completing_, sq_slot_});
+	deliver_send_completion(*send_cq_, send_target_, wr_id, status, send_wc_opcode(opcode), qpn_,
+				byte_len, {sq_completing_, sq_slot_});
 }
 
 bool QpEngine::progress()

@@ -701,6 +701,10 @@ private:
 	uint32_t pdn_;
 	Cq *send_cq_;
 	Cq *recv_cq_;
+	/* The send CQ's ring as this engine's completions last found it
+	 * named (its slot array checked once, not at every completion),
+	 * under sq_lock_. */
+	CqTarget send_target_;
 	const KeyTable &local_keys_; /* our device's key table (lkeys) */
 
 	uint64_t desc_off_ = 0;

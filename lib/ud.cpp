@@ -508,8 +508,8 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 	/* complete_send()'s work, inline here (a SEND, with or without
 	 * immediate, completes as IBV_WC_SEND). */
 	if (((wr.send_flags & IBV_SEND_SIGNALED) || core_.sq_sig_all) && send_cq_)
-		deliver_send_completion(*send_cq_, wr.wr_id, IBV_WC_SUCCESS, IBV_WC_SEND, qpn_,
-					s.length, {sq_completing_, sq_slot_});
+		deliver_send_completion(*send_cq_, send_target_, wr.wr_id, IBV_WC_SUCCESS,
+					IBV_WC_SEND, qpn_, s.length, {sq_completing_, sq_slot_});
 	return true;
 }
 
