@@ -547,19 +547,25 @@ int ex_next_poll(struct ibv_cq_ex *ibcq)
 	return load_current(cq, true) ? 0 : ENOENT;
 }
 
+/* deliver_completion() without the look at a poll batch. */
+int produce_now(Cq &cq, const Completion &c);
+
 void ex_end_poll(struct ibv_cq_ex *ibcq)
 {
 	Cq &cq = *Cq::from(ibcq);
 	polling_batch = nullptr;
-	if (cq.deferred.empty()) {
+	if (!cq.deferring.load(std::memory_order_relaxed)) { /* only we set it */
 		cq.lock.unlock();
 		return;
 	}
+	/* Other threads' completions queue behind ours until all are out. */
+	std::lock_guard guard(cq.deferred_lock);
 	std::vector<Completion> now;
 	now.swap(cq.deferred);
 	cq.lock.unlock();
 	for (const Completion &c : now)
-		deliver_completion(cq, c);
+		produce_now(cq, c);
+	cq.deferring.store(false, std::memory_order_release);
 }
 
 const Completion &cur(struct ibv_cq_ex *ibcq) { return Cq::from(ibcq)->current; }
@@ -1389,17 +1395,38 @@ int cq_ring_produce(CqTarget &target, const Completion &c, CqChannel channel,
 		channel, overrun_now, cons_seen);
 }
 
+namespace cq_detail {
+
+bool defer(Cq &cq, const Completion &c)
+{
+	std::lock_guard guard(cq.deferred_lock);
+	if (polling_batch != &cq && !cq.deferring.load(std::memory_order_relaxed))
+		return false; /* end_poll() published them meanwhile */
+	cq.deferred.push_back(c);
+	cq.deferring.store(true, std::memory_order_relaxed);
+	return true;
+}
+
+} // namespace cq_detail
+
 int deliver_completion(Cq &cq, const Completion &c)
 {
 	/* This thread is inside an ibv_start_poll() batch of this very CQ (it
 	 * posted from there, as rc_pingpong does): the completion appears at
 	 * end_poll(). A device's completion is never visible to the poll batch
 	 * that was running when the work request was posted, and its event
-	 * fires for a CQE that is still there to poll after the event. */
-	if (polling_batch == &cq) {
-		cq.deferred.push_back(c);
+	 * fires for a CQE that is still there to poll after the event. Another
+	 * thread's completion waits behind it (Cq::deferred). */
+	if ((polling_batch == &cq || cq.deferring.load(std::memory_order_acquire)) &&
+	    cq_detail::defer(cq, c)) [[unlikely]]
 		return 0;
-	}
+	return produce_now(cq, c);
+}
+
+namespace {
+
+int produce_now(Cq &cq, const Completion &c)
+{
 	bool overrun_now = false;
 	CqTarget target = own_cq_target(*cq.ring);
 	int err = cq_ring_produce(target, c,
@@ -1408,5 +1435,7 @@ int deliver_completion(Cq &cq, const Completion &c)
 		report_overrun(cq);
 	return err;
 }
+
+} // namespace
 
 } // namespace shmverbs

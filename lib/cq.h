@@ -282,8 +282,14 @@ struct Cq {
 	ClaimWatch claim_watch;        /* the consumer's, under lock */
 	Completion current{};          /* the entry ibv_cq_ex read_* report */
 	/* Completions the thread inside a start_poll() batch produced into this
-	 * CQ, published at end_poll() (deliver_completion()); under lock. */
+	 * CQ, published at end_poll() (deliver_completion()), and those other
+	 * threads of this process produced while any were waiting (`deferring`):
+	 * they queue behind, so a send queue's completions stay in its WRs'
+	 * order. Under deferred_lock, which end_poll() holds until it has
+	 * published them all. */
+	std::mutex deferred_lock;
 	std::vector<Completion> deferred;
+	std::atomic<bool> deferring{false};
 
 	/* Arming lives in the ring (ring->arm) so that producers in other
 	 * processes can fire; arm_lock only orders local moderation updates. */

@@ -92,8 +92,8 @@ int mark_overrun(shm::CqRing &ring, bool *overrun_now);
 void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bool solicited,
 			  CqChannel channel);
 uint64_t monotonic_ns();
-/* deliver_send_completion() from inside a poll batch of the CQ: out of
- * line, rare. */
+/* deliver_send_completion() from inside a poll batch of the CQ, or while
+ * that batch holds completions back (Cq::deferred): out of line, rare. */
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len, SqSeq sq);
 /* Raises IBV_EVENT_CQ_ERR once for an overrun that any producer (maybe in
@@ -212,7 +212,7 @@ inline int deliver_send_completion(Cq &cq, CqTarget &target, uint64_t wr_id,
 				   enum ibv_wc_status status, enum ibv_wc_opcode opcode,
 				   uint32_t qp_num, uint32_t byte_len, SqSeq sq)
 {
-	if (cq_detail::polling_batch == &cq) [[unlikely]]
+	if (cq_detail::polling_batch == &cq || cq.deferring.load(std::memory_order_acquire)) [[unlikely]]
 		return cq_detail::defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len,
 							sq);
 	/* Built here and copied field by field by fill_plain(): inline, the

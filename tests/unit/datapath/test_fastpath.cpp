@@ -17,6 +17,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <thread>
 
 using namespace loopback;
 
@@ -113,6 +114,37 @@ TEST_CASE("fast path: a WR posted inside a start_poll batch of its CQ completes 
 	CHECK(fired(p.a.ch, 0));
 	REQUIRE(ibv_get_cq_event(p.a.ch, &cq, &cq_ctx) == 0);
 	ibv_ack_cq_events(cq, 1);
+}
+
+TEST_CASE("fast path: a WR another thread posts behind one held back by a poll batch completes after it",
+	  "[fastpath][cqex]")
+{
+	/* A device writes a send queue's CQEs in its WRs' order. WR 2 is
+	 * posted inside a batch of the send CQ (its completion waits for
+	 * end_poll), WR 3 by another thread while the batch is open: the
+	 * poll returns 2, then 3. */
+	Options o;
+	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	Pair p(o);
+	p.connect();
+	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 1, p.b.addr(512), p.b.mr->rkey) == 0);
+	struct ibv_poll_cq_attr pa{};
+	REQUIRE(ibv_start_poll(p.a.cqx, &pa) == 0);
+	CHECK(p.a.cqx->wr_id == 1);
+	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 2, p.b.addr(512), p.b.mr->rkey) == 0);
+	int other = -1;
+	std::thread t([&] { other = post_signaled(p.a, IBV_WR_RDMA_WRITE, 3, p.b.addr(512), p.b.mr->rkey); });
+	t.join();
+	REQUIRE(other == 0);
+	CHECK(ibv_next_poll(p.a.cqx) == ENOENT);
+	ibv_end_poll(p.a.cqx);
+
+	struct ibv_wc wc[4]{};
+	REQUIRE(ibv_poll_cq(p.a.cq, 4, wc) == 2);
+	CHECK(wc[0].wr_id == 2);
+	CHECK(wc[1].wr_id == 3);
+	CHECK(wc[0].status == IBV_WC_SUCCESS);
+	CHECK(wc[1].status == IBV_WC_SUCCESS);
 }
 
 TEST_CASE("fast path: ibv_poll_cq inside a start_poll batch of another CQ sees its completions",
