@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,14 +90,16 @@ struct PeerProc {
 		for (std::string &a : argv)
 			args.push_back(a.data());
 		args.push_back(nullptr);
-		pid = fork();
-		NEED(pid >= 0);
-		if (pid == 0) {
-			dup2(in[0], 0); /* dup2 clears O_CLOEXEC */
-			dup2(out[1], 1);
-			execv(args[0], args.data());
-			_exit(127);
-		}
+		/* posix_spawn, not fork + exec: nothing of this multi-threaded
+		 * process (the library's threads, a sanitizer's runtime and
+		 * its locks) runs in a copy of it before the exec. */
+		posix_spawn_file_actions_t actions;
+		NEED(posix_spawn_file_actions_init(&actions) == 0);
+		posix_spawn_file_actions_adddup2(&actions, in[0], 0); /* dup2 clears O_CLOEXEC */
+		posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+		const int err = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+		posix_spawn_file_actions_destroy(&actions);
+		NEED(err == 0);
 		close(in[0]);
 		close(out[1]);
 		to = fdopen(in[1], "w");
