@@ -596,8 +596,12 @@ void QpEngine::check_remote_errors()
 	uint32_t err = desc_->remote_error.load(std::memory_order_acquire);
 	if (err == shm::remote_error_none)
 		return;
-	if (qp_async_error(core_, IBV_QPS_ERR) && err == shm::remote_error_access)
-		post_qp_event(core_, IBV_EVENT_QP_ACCESS_ERR);
+	if (qp_async_error(core_, IBV_QPS_ERR)) {
+		if (err == shm::remote_error_access)
+			post_qp_event(core_, IBV_EVENT_QP_ACCESS_ERR);
+		else if (err == shm::remote_error_cq)
+			post_qp_event(core_, IBV_EVENT_QP_FATAL);
+	}
 	desc_->remote_error.compare_exchange_strong(err, shm::remote_error_none);
 }
 
@@ -1082,8 +1086,17 @@ void QpEngine::complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_w
 		return;
 	if (!send_cq_)
 		return;
-	deliver_send_completion(*send_cq_, send_target_, wr_id, status, send_wc_opcode(opcode), qpn_,
-				byte_len, {sq_completing_, sq_slot_});
+	if (deliver_send_completion(*send_cq_, send_target_, wr_id, status, send_wc_opcode(opcode),
+				    qpn_, byte_len, {sq_completing_, sq_slot_}) == ENOSPC) [[unlikely]]
+		send_cq_overrun();
+}
+
+void QpEngine::send_cq_overrun()
+{
+	/* Our own owner's check (the next post, or the progress thread's
+	 * sweep) moves the QP to ERR, outside the send lock held here. */
+	if (desc_)
+		shm::leave_remote_error(*desc_, shm::remote_error_cq);
 }
 
 bool QpEngine::progress()
@@ -1376,11 +1389,13 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		if (*ring) {
 			if (recv_cq_seen_.ring != ring->ring)
 				recv_cq_seen_ = {ring->ring, 0};
-			cq_ring_produce(*ring, rc,
-					rs.cq_has_channel ? CqChannel::attached_to(device_, rs.channel_kind,
-										   rs.channel_id)
-							  : CqChannel::none(),
-					nullptr, &recv_cq_seen_.cons);
+			if (cq_ring_produce(*ring, rc,
+					    rs.cq_has_channel
+						    ? CqChannel::attached_to(device_, rs.channel_kind,
+									     rs.channel_id)
+						    : CqChannel::none(),
+					    nullptr, &recv_cq_seen_.cons) == ENOSPC) [[unlikely]]
+				shm::leave_remote_error(*t.desc, shm::remote_error_cq);
 		}
 	};
 
@@ -2041,11 +2056,12 @@ bool QpEngine::send_direct(enum ibv_wr_opcode opcode, unsigned int send_flags, u
 				 head + 1};
 	if (recv_cq_seen_.ring != target_.cq.ring)
 		recv_cq_seen_ = {target_.cq.ring, 0};
-	cq_ring_produce(target_.cq, rc,
-			t.recv_cq_has_channel
-				? CqChannel::attached_to(device_, broker::ObjectKind::Qp, t.qpn)
-				: CqChannel::none(),
-			&recv_cq_seen_.cons);
+	if (cq_ring_produce(target_.cq, rc,
+			    t.recv_cq_has_channel
+				    ? CqChannel::attached_to(device_, broker::ObjectKind::Qp, t.qpn)
+				    : CqChannel::none(),
+			    &recv_cq_seen_.cons) == ENOSPC) [[unlikely]]
+		shm::leave_remote_error(t, shm::remote_error_cq);
 	return true;
 }
 

@@ -490,6 +490,9 @@ private:
 	Outcome execute_ud(const UdSend &wr, struct ibv_wc &wc, const struct iovec *local, int count,
 			   uint64_t length);
 	/* Writes the send completion, if one is due (signaled, or an error). */
+	/* A send completion found the send CQ overrun: the QP is to enter
+	 * ERR with IBV_EVENT_QP_FATAL (shm::remote_error_cq). */
+	[[gnu::noinline, gnu::cold]] void send_cq_overrun();
 	void complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_wr_opcode opcode,
 			   enum ibv_wc_status status, uint32_t byte_len);
 	/* Whether target_ is still QP `qpn` (sq_lock_ held). */

@@ -107,7 +107,19 @@ enum RemoteError : uint32_t {
 	remote_error_none = 0,
 	remote_error_access = 1, /* IBV_EVENT_QP_ACCESS_ERR, QP -> ERR */
 	remote_error_fatal = 2,  /* a local error on a receive: QP -> ERR */
+	/* A completion of the QP found its CQ overrun (IBA's Local Work Queue
+	 * Catastrophic Error): QP -> ERR, IBV_EVENT_QP_FATAL. */
+	remote_error_cq = 3,
 };
+
+/* Leaves `error` for QP `t`'s owner unless one is pending already (the
+ * first stands). */
+inline void leave_remote_error(QpDesc &t, RemoteError error)
+{
+	uint32_t none = remote_error_none;
+	t.remote_error.compare_exchange_strong(none, error, std::memory_order_release,
+					       std::memory_order_relaxed);
+}
 
 /* ---- Receive queues (a QP's RQ or an SRQ) ---- */
 

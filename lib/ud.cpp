@@ -445,12 +445,12 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
  * target into ERR (its owner acts on the descriptor's remote_error). */
 [[gnu::always_inline]] inline void QpEngine::produce_recv(UdTarget &t, const PlainCompletion &rc)
 {
-	if (t.cq)
-		cq_ring_produce(t.cq, rc,
-				t.desc->recv_cq_has_channel
-					? CqChannel::attached_to(t.device, broker::ObjectKind::Qp, t.qpn)
-					: CqChannel::none(),
-				&t.cq_cons);
+	if (t.cq && cq_ring_produce(t.cq, rc,
+				    t.desc->recv_cq_has_channel
+					    ? CqChannel::attached_to(t.device, broker::ObjectKind::Qp, t.qpn)
+					    : CqChannel::none(),
+				    &t.cq_cons) == ENOSPC) [[unlikely]]
+		shm::leave_remote_error(*t.desc, shm::remote_error_cq);
 	if (rc.status != IBV_WC_SUCCESS)
 		t.desc->remote_error.store(shm::remote_error_fatal, std::memory_order_release);
 }
@@ -508,8 +508,10 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 	/* complete_send()'s work, inline here (a SEND, with or without
 	 * immediate, completes as IBV_WC_SEND). */
 	if (((wr.send_flags & IBV_SEND_SIGNALED) || core_.sq_sig_all) && send_cq_)
-		deliver_send_completion(*send_cq_, send_target_, wr.wr_id, IBV_WC_SUCCESS,
-					IBV_WC_SEND, qpn_, s.length, {sq_completing_, sq_slot_});
+		if (deliver_send_completion(*send_cq_, send_target_, wr.wr_id, IBV_WC_SUCCESS,
+					    IBV_WC_SEND, qpn_, s.length,
+					    {sq_completing_, sq_slot_}) == ENOSPC) [[unlikely]]
+			send_cq_overrun();
 	return true;
 }
 

@@ -312,6 +312,24 @@ int open_batch(Pair &p, const struct ibv_send_wr &wr)
 	return err || p.a.cqx->wr_id != 1 ? 2 : 0;
 }
 
+/* The next async event of `ctx` (acknowledged; its type and element in
+ * `ev`), waited for 2 s at most: IBV_EVENT_DEVICE_FATAL stands for none. */
+enum ibv_event_type next_event(struct ibv_context *ctx, struct ibv_async_event &ev)
+{
+	struct pollfd pfd = {ctx->async_fd, POLLIN, 0};
+	if (poll(&pfd, 1, 2000) != 1 || ibv_get_async_event(ctx, &ev) != 0)
+		return IBV_EVENT_DEVICE_FATAL;
+	ibv_ack_async_event(&ev);
+	return ev.event_type;
+}
+
+enum ibv_qp_state qp_state(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a{};
+	struct ibv_qp_init_attr ia{};
+	return ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0 ? a.qp_state : IBV_QPS_UNKNOWN;
+}
+
 Options one_entry_cq()
 {
 	Options o;
@@ -403,13 +421,24 @@ TEST_CASE("a poll batch that queries a QP being reset does not deadlock", "[robu
 	CHECK(shmv_test::run_self({"[reset-batch-child]"}, 20) == 0);
 }
 
-TEST_CASE("a CQ a peer overran raises IBV_EVENT_CQ_ERR without being polled", "[robust][overrun]")
+TEST_CASE("a CQ a peer overran raises IBV_EVENT_CQ_ERR without being polled; the QP enters ERR",
+	  "[robust][overrun]")
 {
 	/* b's one-entry CQ takes a's first SEND's completion; the second
 	 * overruns it. The sender sets the ring's word; b's side raises the
 	 * event, whether or not b polls (here it never does). */
-	Pair p(one_entry_cq());
+	Options o = one_entry_cq();
+	o.type = GENERATE(IBV_QPT_RC, IBV_QPT_UD);
+	CAPTURE(o.type);
+	Pair p(o);
 	p.connect();
+	struct ibv_ah *ah = nullptr;
+	if (o.type == IBV_QPT_UD) {
+		struct ibv_ah_attr aa{};
+		aa.dlid = p.lid;
+		aa.port_num = 1;
+		REQUIRE((ah = ibv_create_ah(p.pd, &aa)));
+	}
 	REQUIRE(Pair::post_recv(p.b, 1, 0, 64) == 0);
 	REQUIRE(Pair::post_recv(p.b, 2, 64, 64) == 0);
 	for (uint64_t id : {10, 11}) {
@@ -419,6 +448,9 @@ TEST_CASE("a CQ a peer overran raises IBV_EVENT_CQ_ERR without being polled", "[
 		wr.opcode = IBV_WR_SEND;
 		wr.sg_list = &sge;
 		wr.num_sge = 1; /* unsignaled: a's own CQ stays empty */
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = p.b.qp->qp_num;
+		wr.wr.ud.remote_qkey = 0x1234;
 		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
 	}
 	struct pollfd pfd = {p.ctx->async_fd, POLLIN, 0};
@@ -428,4 +460,33 @@ TEST_CASE("a CQ a peer overran raises IBV_EVENT_CQ_ERR without being polled", "[
 	CHECK(ev.event_type == IBV_EVENT_CQ_ERR);
 	CHECK(ev.element.cq == p.b.cq);
 	ibv_ack_async_event(&ev);
+	/* b's RQ tried its CQ in error: b's QP enters ERR (IBA's Local Work
+	 * Queue Catastrophic Error), with its own event. */
+	CHECK(next_event(p.ctx, ev) == IBV_EVENT_QP_FATAL);
+	CHECK(ev.element.qp == p.b.qp);
+	CHECK(qp_state(p.b.qp) == IBV_QPS_ERR);
+	CHECK(qp_state(p.a.qp) == IBV_QPS_RTS);
+	if (ah)
+		ibv_destroy_ah(ah);
+}
+
+TEST_CASE("a QP whose send completion overruns its CQ enters ERR with IBV_EVENT_QP_FATAL",
+	  "[robust][overrun]")
+{
+	Pair p(one_entry_cq());
+	p.connect();
+	const struct ibv_send_wr wr = write_to(p);
+	REQUIRE(Pair::post8(p.a, IBV_WR_RDMA_WRITE, 1, wr) == 0);
+	REQUIRE(Pair::post8(p.a, IBV_WR_RDMA_WRITE, 2, wr) == 0); /* no room: overrun */
+	struct ibv_async_event ev{};
+	CHECK(next_event(p.ctx, ev) == IBV_EVENT_CQ_ERR);
+	CHECK(ev.element.cq == p.a.cq);
+	CHECK(next_event(p.ctx, ev) == IBV_EVENT_QP_FATAL);
+	CHECK(ev.element.qp == p.a.qp);
+	CHECK(qp_state(p.a.qp) == IBV_QPS_ERR);
+	CHECK(qp_state(p.b.qp) == IBV_QPS_RTS);
+	/* The completion that fitted is still there. */
+	struct ibv_wc wc{};
+	CHECK(ibv_poll_cq(p.a.cq, 1, &wc) == 1);
+	CHECK(wc.wr_id == 1);
 }

@@ -792,7 +792,8 @@ TEST_CASE("XRC: a target's responder error after its creating handle is destroye
 	CHECK(ibv_dereg_mr(mr) == 0);
 }
 
-TEST_CASE("XRC: an SRQ's CQ that senders overran raises IBV_EVENT_CQ_ERR unpolled", "[xrc]")
+TEST_CASE("XRC: an SRQ's CQ that senders overran raises IBV_EVENT_CQ_ERR unpolled; its QP enters ERR",
+	  "[xrc]")
 {
 	/* The XRC SRQ's CQ is fed through no QP of its owner's, the SEND
 	 * completions go to another CQ: two SENDs into a one-entry CQ. */
@@ -802,7 +803,21 @@ TEST_CASE("XRC: an SRQ's CQ that senders overran raises IBV_EVENT_CQ_ERR unpolle
 	REQUIRE(post_srq(x.srq, d.sge(64, 64), 2) == 0);
 	REQUIRE(send(x.sqp, d.sge(128, 8), 10, nullptr, 0, 0, x.srqn) == 0);
 	REQUIRE(send(x.sqp, d.sge(128, 8), 11, nullptr, 0, 0, x.srqn) == 0);
-	CHECK(wait_async(d.ctx, IBV_EVENT_CQ_ERR, x.rcq, 2000));
+	/* And the XRC_RECV QP whose receive found the CQ in error enters ERR
+	 * (IBV_EVENT_QP_FATAL); the two events come in either order. */
+	bool cq_err = false, qp_fatal = false;
+	for (int i = 0; i < 2 && !(cq_err && qp_fatal); i++) {
+		struct pollfd pfd = {d.ctx->async_fd, POLLIN, 0};
+		struct ibv_async_event ev;
+		if (poll(&pfd, 1, 2000) != 1 || ibv_get_async_event(d.ctx, &ev) != 0)
+			break;
+		cq_err |= ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == x.rcq;
+		qp_fatal |= ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == x.rqp;
+		ibv_ack_async_event(&ev);
+	}
+	CHECK(cq_err);
+	CHECK(qp_fatal);
+	CHECK(XrcLink::in_state(x.rqp, IBV_QPS_ERR));
 }
 
 /* ---- UD ---- */
