@@ -1143,6 +1143,15 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 	std::lock_guard guard(cq.lock);
 	if (!cq.ring)
 		return 0;
+	/* Those held back for the end of a poll batch (this thread's, when
+	 * the QP is reset or destroyed from inside it) go too. */
+	int dropped = 0;
+	if (cq.deferring.load(std::memory_order_acquire)) {
+		std::lock_guard deferred_guard(cq.deferred_lock);
+		dropped = int(std::erase_if(cq.deferred, [&](const Completion &c) {
+			return c.wc.qp_num == qp_num;
+		}));
+	}
 	shm::CqRing &ring = *cq.ring;
 	const RingArray a = current_array(ring);
 	const uint32_t cap = a.capacity();
@@ -1167,7 +1176,7 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 			removed++;
 	}
 	if (!removed)
-		return 0;
+		return dropped;
 	/* The kept ones move to the end of the prefix, in order; the slots
 	 * before them are consumed. */
 	const uint64_t first = end - kept.size();
@@ -1181,7 +1190,7 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 			shm::cq_slot_ready | shm::cq_slot_tag(first + i, lg), std::memory_order_relaxed);
 	/* Pairs with the producers' acquire load of cons. */
 	ring.cons.store(first, std::memory_order_release);
-	return removed;
+	return removed + dropped;
 }
 
 int req_notify_cq(Cq &cq, int solicited_only)

@@ -147,6 +147,26 @@ TEST_CASE("fast path: a WR another thread posts behind one held back by a poll b
 	CHECK(wc[1].status == IBV_WC_SUCCESS);
 }
 
+TEST_CASE("fast path: a QP reset inside a poll batch takes its held-back completions too",
+	  "[fastpath][cqex]")
+{
+	/* The reset removes the QP's completions from its CQs (as libmlx5's
+	 * mlx5_cq_clean does), the one waiting for end_poll included. */
+	Pair p;
+	p.connect();
+	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 1, p.b.addr(512), p.b.mr->rkey) == 0);
+	struct ibv_poll_cq_attr pa{};
+	REQUIRE(ibv_start_poll(p.a.cqx, &pa) == 0);
+	CHECK(p.a.cqx->wr_id == 1);
+	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 2, p.b.addr(512), p.b.mr->rkey) == 0);
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RESET;
+	REQUIRE(ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE) == 0);
+	ibv_end_poll(p.a.cqx);
+	struct ibv_wc wc{};
+	CHECK(ibv_poll_cq(p.a.cq, 1, &wc) == 0);
+}
+
 TEST_CASE("fast path: ibv_poll_cq inside a start_poll batch of another CQ sees its completions",
 	  "[fastpath][cqex]")
 {
