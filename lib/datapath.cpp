@@ -330,7 +330,7 @@ QpEngine::QpEngine(Qp &qp)
 	  qpn_(qp.core->qp_num), type_(qp.core->type), allowed_ops_(0), direct_ops_(0), lane_ops_(0),
 	  pdn_(qp.pd ? qp.pd->pdn : 0),
 	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq),
-	  send_target_(send_cq_ ? own_cq_target(*send_cq_->ring) : CqTarget{}),
+	  send_target_(send_cq_ && send_cq_->ring ? own_cq_target(*send_cq_->ring) : CqTarget{}),
 	  local_keys_(KeyTable::of(*qp.ctx->device))
 {
 	for (int op = 0; op < 32; op++)
