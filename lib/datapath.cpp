@@ -1421,9 +1421,14 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		return one_sided({wr.opcode, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap}, *t.desc,
 				 peer, access_pdn, local, length, wc);
 	case IBV_WR_RDMA_WRITE_WITH_IMM: {
-		const KeyRef *rkey = hold_rkey(peer, *t.desc, access_pdn, wr.rkey, wr.remote_addr, length,
-					       IBV_ACCESS_REMOTE_WRITE);
-		if (!rkey) {
+		/* A zero-length one writes nothing: its address and rkey go
+		 * unchecked (IBA C9-88), the QP's remote write access not. */
+		const KeyRef *rkey = length ? hold_rkey(peer, *t.desc, access_pdn, wr.rkey,
+							wr.remote_addr, length, IBV_ACCESS_REMOTE_WRITE)
+					    : nullptr;
+		if (length ? !rkey
+			   : !(t.desc->access_flags.load(std::memory_order_relaxed) &
+			       IBV_ACCESS_REMOTE_WRITE)) {
 			if (!reliable) {
 				wc.status = IBV_WC_SUCCESS; /* UC: dropped */
 				return Outcome::Done;
@@ -1634,12 +1639,15 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_READ: {
 		const bool write = op.opcode == IBV_WR_RDMA_WRITE;
-		const KeyRef *rkey = hold_rkey(peer, t, pdn, op.rkey, op.remote_addr, length,
-					       write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ);
+		const uint32_t need = write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
+		/* Zero length: nothing moves, and the responder checks neither
+		 * address nor rkey (IBA C9-88), only the QP's access. */
+		if (!length)
+			return t.access_flags.load(std::memory_order_relaxed) & need ? Outcome::Done
+										: access_error();
+		const KeyRef *rkey = hold_rkey(peer, t, pdn, op.rkey, op.remote_addr, length, need);
 		if (!rkey)
 			return access_error();
-		if (!length)
-			return Outcome::Done;
 		const int n = int(local.size());
 		if (char *p = held_.rkey.local(op.remote_addr); p && n == 1) {
 			/* The common case: one piece, memory reached directly. */

@@ -5,6 +5,8 @@
  */
 #include "loopback.h"
 
+#include <arpa/inet.h>
+
 #include "../common/child.h"
 
 #include <atomic>
@@ -264,6 +266,46 @@ TEST_CASE("RC: a zero-length SEND into a receive WQE without SGEs", "[robust]")
 	REQUIRE(Pair::wait_wc(p.b, wc));
 	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 7 && wc.byte_len == 0 &&
 	       wc.opcode == IBV_WC_RECV));
+}
+
+TEST_CASE("RC: a zero-length WRITE, WRITE_WITH_IMM or READ checks neither address nor rkey",
+	  "[robust]")
+{
+	/* IBA C9-88: a zero-length RDMA request need not carry a valid
+	 * address or R_Key (a WRITE_WITH_IMM of nothing is a common
+	 * notification); the responder QP's remote access is still checked. */
+	Pair p;
+	p.connect();
+	REQUIRE(Pair::post_recv(p.b, 7, 0, 64) == 0);
+	auto post_empty = [&](enum ibv_wr_opcode op) {
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = uint64_t(op);
+		wr.opcode = op;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.imm_data = htonl(5);
+		wr.wr.rdma.remote_addr = 0x1234;
+		wr.wr.rdma.rkey = 0xdead00;
+		REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.wr_id == uint64_t(op));
+		return wc.status;
+	};
+	for (enum ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE_WITH_IMM}) {
+		CAPTURE(op);
+		CHECK(post_empty(op) == IBV_WC_SUCCESS);
+	}
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.status == IBV_WC_SUCCESS && wc.wr_id == 7 && wc.byte_len == 0 &&
+	       wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && wc.imm_data == htonl(5)));
+
+	/* Without remote write access at the responder, even nothing is
+	 * refused. */
+	struct ibv_qp_attr a{};
+	a.qp_access_flags = 0;
+	REQUIRE(ibv_modify_qp(p.b.qp, &a, IBV_QP_ACCESS_FLAGS) == 0);
+	CHECK(post_empty(IBV_WR_RDMA_WRITE) == IBV_WC_REM_ACCESS_ERR);
 }
 
 TEST_CASE("RC: a SEND in its RNR wait goes as soon as the responder reposts, not at the timer",
