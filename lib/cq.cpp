@@ -576,7 +576,13 @@ uint32_t ex_read_byte_len(struct ibv_cq_ex *c) { return cur(c).wc.byte_len; }
 __be32 ex_read_imm_data(struct ibv_cq_ex *c) { return cur(c).wc.imm_data; }
 uint32_t ex_read_qp_num(struct ibv_cq_ex *c) { return cur(c).wc.qp_num; }
 uint32_t ex_read_src_qp(struct ibv_cq_ex *c) { return cur(c).wc.src_qp; }
-unsigned int ex_read_wc_flags(struct ibv_cq_ex *c) { return cur(c).wc.wc_flags; }
+/* libmlx5's read_wc_flags looks at responder CQEs only: a send completion
+ * with immediate data says IBV_WC_WITH_IMM to ibv_poll_cq() alone. */
+unsigned int ex_read_wc_flags(struct ibv_cq_ex *c)
+{
+	const struct ibv_wc &wc = cur(c).wc;
+	return wc.opcode < IBV_WC_RECV ? wc.wc_flags & ~unsigned(IBV_WC_WITH_IMM) : wc.wc_flags;
+}
 uint32_t ex_read_slid(struct ibv_cq_ex *c) { return cur(c).wc.slid; }
 uint8_t ex_read_sl(struct ibv_cq_ex *c) { return cur(c).wc.sl; }
 uint8_t ex_read_dlid_path_bits(struct ibv_cq_ex *c) { return cur(c).wc.dlid_path_bits; }
@@ -1375,10 +1381,12 @@ void publish_with_channel(shm::CqRing &ring, shm::CqEntry &e, uint64_t ready, bo
 }
 
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len, SqSeq sq)
+			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len, SqSeq sq,
+			  uint32_t wc_flags)
 {
 	Completion c = make_completion(wr_id, status, opcode, qp_num);
 	c.wc.byte_len = byte_len;
+	c.wc.wc_flags = wc_flags;
 	c.wc.src_qp = sq.seq;
 	c.wc.pkey_index = uint16_t(sq.slot);
 	c.wc.slid = uint16_t(sq.slot >> 16);

@@ -95,7 +95,8 @@ uint64_t monotonic_ns();
 /* deliver_send_completion() from inside a poll batch of the CQ, or while
  * that batch holds completions back (Cq::deferred): out of line, rare. */
 int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
-			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len, SqSeq sq);
+			  enum ibv_wc_opcode opcode, uint32_t qp_num, uint32_t byte_len, SqSeq sq,
+			  uint32_t wc_flags);
 /* Raises IBV_EVENT_CQ_ERR once for an overrun that any producer (maybe in
  * another process) recorded in the ring. Any thread, with or without the
  * CQ's lock. */
@@ -210,15 +211,16 @@ template <typename Fill>
 
 inline int deliver_send_completion(Cq &cq, CqTarget &target, uint64_t wr_id,
 				   enum ibv_wc_status status, enum ibv_wc_opcode opcode,
-				   uint32_t qp_num, uint32_t byte_len, SqSeq sq)
+				   uint32_t qp_num, uint32_t byte_len, SqSeq sq,
+				   uint32_t wc_flags = 0)
 {
 	if (cq_detail::polling_batch == &cq || cq.deferring.load(std::memory_order_acquire)) [[unlikely]]
 		return cq_detail::defer_send_completion(cq, wr_id, status, opcode, qp_num, byte_len,
-							sq);
+							sq, wc_flags);
 	/* Built here and copied field by field by fill_plain(): inline, the
 	 * compiler stores the constants straight into the entry. */
 	const PlainCompletion c{wr_id,	     status,  opcode, byte_len,
-				0,	     qp_num,  sq.seq, 0,
+				0,	     qp_num,  sq.seq, wc_flags,
 				false,	     uint16_t(sq.slot >> 16), 0,	0,
 				uint16_t(sq.slot)};
 	bool overrun_now = false;

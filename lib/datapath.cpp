@@ -1086,8 +1086,14 @@ void QpEngine::complete_send(uint64_t wr_id, unsigned int send_flags, enum ibv_w
 		return;
 	if (!send_cq_)
 		return;
+	/* libmlx5 (handle_good_req): a good completion of a WR with
+	 * immediate data says so. */
+	const uint32_t wc_flags = status == IBV_WC_SUCCESS && (opcode == IBV_WR_SEND_WITH_IMM ||
+								opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+					  ? IBV_WC_WITH_IMM
+					  : 0;
 	if (deliver_send_completion(*send_cq_, send_target_, wr_id, status, send_wc_opcode(opcode),
-				    qpn_, byte_len, {sq_completing_, sq_slot_}) == ENOSPC) [[unlikely]]
+				    qpn_, byte_len, {sq_completing_, sq_slot_}, wc_flags) == ENOSPC) [[unlikely]]
 		send_cq_overrun();
 }
 

@@ -509,8 +509,8 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 	 * immediate, completes as IBV_WC_SEND). */
 	if (((wr.send_flags & IBV_SEND_SIGNALED) || core_.sq_sig_all) && send_cq_)
 		if (deliver_send_completion(*send_cq_, send_target_, wr.wr_id, IBV_WC_SUCCESS,
-					    IBV_WC_SEND, qpn_, s.length,
-					    {sq_completing_, sq_slot_}) == ENOSPC) [[unlikely]]
+					    IBV_WC_SEND, qpn_, s.length, {sq_completing_, sq_slot_},
+					    m.with_imm ? IBV_WC_WITH_IMM : 0) == ENOSPC) [[unlikely]]
 			send_cq_overrun();
 	return true;
 }

@@ -167,6 +167,44 @@ TEST_CASE("fast path: a QP reset inside a poll batch takes its held-back complet
 	CHECK(ibv_poll_cq(p.a.cq, 1, &wc) == 0);
 }
 
+TEST_CASE("send completions of WRs with immediate data say IBV_WC_WITH_IMM to ibv_poll_cq",
+	  "[fastpath][cqex]")
+{
+	/* libmlx5: handle_good_req() sets the flag for SEND_WITH_IMM and
+	 * RDMA_WRITE_WITH_IMM; the extended CQ's read_wc_flags() reports it
+	 * for responder completions only. */
+	Pair p;
+	p.connect();
+	for (uint64_t i = 0; i < 4; i++)
+		REQUIRE(Pair::post_recv(p.b, 7 + i, 64 * i, 64) == 0);
+	REQUIRE(post_signaled(p.a, IBV_WR_SEND_WITH_IMM, 1) == 0);
+	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE_WITH_IMM, 2, p.b.addr(512), p.b.mr->rkey) == 0);
+	REQUIRE(post_signaled(p.a, IBV_WR_SEND, 3) == 0);
+	struct ibv_wc wc[3]{};
+	for (int i = 0; i < 3; i++)
+		REQUIRE(Pair::wait_wc(p.a, wc[i]));
+	CHECK((wc[0].wr_id == 1 && wc[0].opcode == IBV_WC_SEND && wc[0].wc_flags == IBV_WC_WITH_IMM));
+	CHECK((wc[1].wr_id == 2 && wc[1].opcode == IBV_WC_RDMA_WRITE &&
+	       wc[1].wc_flags == IBV_WC_WITH_IMM));
+	CHECK((wc[2].wr_id == 3 && wc[2].wc_flags == 0));
+
+	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE_WITH_IMM, 4, p.b.addr(512), p.b.mr->rkey) == 0);
+	struct ibv_poll_cq_attr pa{};
+	int err = ENOENT;
+	for (int i = 0; i < 1000 && err == ENOENT; i++)
+		err = ibv_start_poll(p.a.cqx, &pa);
+	REQUIRE(err == 0);
+	CHECK(p.a.cqx->wr_id == 4);
+	CHECK(ibv_wc_read_wc_flags(p.a.cqx) == 0);
+	ibv_end_poll(p.a.cqx);
+	/* The responder's completions carry it either way. */
+	REQUIRE(Pair::wait_wc(p.b, wc[0]));
+	CHECK(wc[0].wc_flags == IBV_WC_WITH_IMM);
+	REQUIRE(ibv_start_poll(p.b.cqx, &pa) == 0);
+	CHECK(ibv_wc_read_wc_flags(p.b.cqx) == IBV_WC_WITH_IMM);
+	ibv_end_poll(p.b.cqx);
+}
+
 TEST_CASE("fast path: ibv_poll_cq inside a start_poll batch of another CQ sees its completions",
 	  "[fastpath][cqex]")
 {
