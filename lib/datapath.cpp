@@ -455,7 +455,10 @@ void QpEngine::snapshot_attr()
 	desc_->min_rnr_timer.store(attr_.min_rnr_timer);
 	desc_->path_mtu.store(attr_.path_mtu);
 	desc_->port.store(attr_.port_num);
-	desc_->access_flags.store(attr_.qp_access_flags, std::memory_order_release);
+	/* What the responder checks (mlx5: no READ or atomic without
+	 * max_dest_rd_atomic). */
+	desc_->access_flags.store(core_.device->profile->responder_access(attr_),
+				  std::memory_order_release);
 }
 
 void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)

@@ -66,6 +66,30 @@ public:
 	const char *name() const override { return "mlx5"; }
 	const char *fw_ver() const override { return "16.35.2000"; }
 
+	/* mlx5_ib (to_mlx5_access_flags): the QP context holds the remote
+	 * bits, and without responder resources for RDMA READ and atomics
+	 * (max_dest_rd_atomic 0) remote write at most. */
+	uint32_t responder_access(const struct ibv_qp_attr &a) const override
+	{
+		const uint32_t remote = a.qp_access_flags & (IBV_ACCESS_REMOTE_WRITE |
+							     IBV_ACCESS_REMOTE_READ |
+							     IBV_ACCESS_REMOTE_ATOMIC);
+		return a.max_dest_rd_atomic ? remote : remote & IBV_ACCESS_REMOTE_WRITE;
+	}
+	/* mlx5_ib's query_qp_attr(): those bits, and the READ/atomic depths
+	 * as the context keeps them, log2 rounded down (a 0 is not written:
+	 * it reads as 1). */
+	void read_back(struct ibv_qp_attr &a) const override
+	{
+		auto depth = [](uint8_t v) { return uint8_t(v ? 1u << (31 - __builtin_clz(v)) : 1); };
+		a.qp_access_flags = responder_access(a);
+		a.max_rd_atomic = depth(a.max_rd_atomic);
+		a.max_dest_rd_atomic = depth(a.max_dest_rd_atomic);
+	}
+	/* mlx5_ib's transition table has no RTS -> SQD (nor SQD -> SQD): its
+	 * QPs are never drained on request. */
+	bool drains_sq() const override { return false; }
+
 	struct ibv_device_attr device_attr() const override
 	{
 		struct ibv_device_attr a{};
@@ -421,6 +445,12 @@ public:
 	struct ibv_port_attr port_attr(LinkLayer ll) const override { return mlx5_.port_attr(ll); }
 	struct ibv_odp_caps odp_caps(uint32_t &xrc) const override { return mlx5_.odp_caps(xrc); }
 	uint64_t max_dm_size() const override { return mlx5_.max_dm_size(); }
+	uint32_t responder_access(const struct ibv_qp_attr &a) const override
+	{
+		return mlx5_.responder_access(a);
+	}
+	void read_back(struct ibv_qp_attr &a) const override { mlx5_.read_back(a); }
+	bool drains_sq() const override { return mlx5_.drains_sq(); }
 
 	/* Whatever the mlx5 profile would refuse is refused; what it would
 	 * grant is granted exactly as asked. */

@@ -66,6 +66,18 @@ public:
 	virtual int size_srq(uint32_t max_wr, uint32_t max_sge, uint32_t &wr_out,
 			     uint32_t &sge_out) const = 0;
 
+	/* The remote access a QP with attributes `a` grants as a responder:
+	 * its flags' by default. */
+	virtual uint32_t responder_access(const struct ibv_qp_attr &a) const
+	{
+		return a.qp_access_flags;
+	}
+	/* What ibv_query_qp() reports of the attributes the application set,
+	 * as the driver reads them back from the device: as set by default. */
+	virtual void read_back(struct ibv_qp_attr &) const {}
+	/* Whether a QP may enter SQD (RTS -> SQD, SQD -> SQD). */
+	virtual bool drains_sq() const { return true; }
+
 	/* On-demand paging as the device reports it (ibv_query_device_ex
 	 * odp_caps and xrc_odp_caps); none by default. What the host allows
 	 * is decided by odp_caps() in lib/mr.h. */

@@ -600,6 +600,7 @@ int query_qp(Qp &qp, struct ibv_qp_attr &attr, int attr_mask,
 	attr.cap = core.caps.queried;
 	attr.ah_attr = a.ah_attr;
 	attr.alt_ah_attr = a.alt_ah_attr;
+	core.device->profile->read_back(attr);
 
 	const struct ibv_qp &q = qp.ibv.qp;
 	init_attr.qp_context = q.qp_context;
@@ -691,6 +692,8 @@ int modify_qp_locked(Qp &qp, const struct ibv_qp_attr &request, int attr_mask, b
 	const enum ibv_qp_state cur = (mask & IBV_QP_CUR_STATE) ? attr.cur_qp_state : actual;
 	const enum ibv_qp_state next = (mask & IBV_QP_STATE) ? attr.qp_state : cur;
 	if (!qp_transition_allowed(cur, next, core.type, mask))
+		return EINVAL;
+	if (next == IBV_QPS_SQD && !dev.profile->drains_sq())
 		return EINVAL;
 	struct ibv_device_attr da = dev.device_attr();
 	if (mask & (IBV_QP_PKEY_INDEX | IBV_QP_ALT_PATH)) {

@@ -308,6 +308,36 @@ TEST_CASE("RC: a zero-length WRITE, WRITE_WITH_IMM or READ checks neither addres
 	CHECK(post_empty(IBV_WR_RDMA_WRITE) == IBV_WC_REM_ACCESS_ERR);
 }
 
+TEST_CASE("RC: a responder without READ/atomic resources refuses READs and atomics",
+	  "[robust]")
+{
+	/* mlx5_ib: with max_dest_rd_atomic 0 the QP context keeps remote
+	 * write access only, whatever qp_access_flags say. */
+	const enum ibv_wr_opcode op = GENERATE(IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD);
+	CAPTURE(op);
+	Pair p;
+	REQUIRE(Pair::up(p.a, p.b.qp->qp_num, p.lid, IBV_QPT_RC) == 0);
+	shmv_test::QpPath path;
+	path.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	path.max_rd_atomic = 0;
+	REQUIRE(shmv_test::qp_to_rts(p.b.qp, IBV_QPT_RC, p.a.qp->qp_num, p.lid, path) == 0);
+	struct ibv_send_wr wr{};
+	wr.wr.rdma.remote_addr = p.b.addr(0);
+	wr.wr.rdma.rkey = p.b.mr->rkey;
+	REQUIRE(Pair::post8(p.a, IBV_WR_RDMA_WRITE, 1, wr) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK((wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS));
+	if (op != IBV_WR_RDMA_READ) {
+		wr.wr.atomic.remote_addr = p.b.addr(0);
+		wr.wr.atomic.rkey = p.b.mr->rkey;
+	}
+	REQUIRE(Pair::post8(p.a, op, 2, wr) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 2);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+}
+
 TEST_CASE("RC: a SEND in its RNR wait goes as soon as the responder reposts, not at the timer",
 	  "[robust]")
 {

@@ -341,25 +341,25 @@ TEST_CASE("open_qp: another handle on an XRC target, found by domain and number"
 	REQUIRE(modify_qp(*o, m, step_mask(IBV_QPT_XRC_RECV, IBV_QPS_RTR)) == 0);
 	CHECK(state_of(*tgt) == IBV_QPS_RTR);
 
-	/* An event about the QP reaches every handle, in its own context. */
+	/* An event about the QP (one the data path raises, as for a CQ
+	 * its receive found overrun) reaches every handle, in its own
+	 * context. */
 	m = good_attr(IBV_QPS_RTS);
 	REQUIRE(modify_qp(*o, m, step_mask(IBV_QPT_XRC_RECV, IBV_QPS_RTS)) == 0);
-	m = good_attr(IBV_QPS_SQD);
-	m.en_sqd_async_notify = 1;
-	REQUIRE(modify_qp(*tgt, m, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0);
+	post_qp_event(*tgt->core, IBV_EVENT_QP_FATAL);
 	struct ibv_async_event ea{}, eb{};
 	REQUIRE(next_event(*a.ctx, ea));
 	REQUIRE(next_event(*b.ctx, eb));
-	CHECK(ea.event_type == IBV_EVENT_SQ_DRAINED);
+	CHECK(ea.event_type == IBV_EVENT_QP_FATAL);
 	CHECK(ea.element.qp == tgt->abi());
-	CHECK(eb.event_type == IBV_EVENT_SQ_DRAINED);
+	CHECK(eb.event_type == IBV_EVENT_QP_FATAL);
 	CHECK(eb.element.qp == o->abi());
 	ack_async_event(ea);
 	ack_async_event(eb);
 
 	/* The QP outlives its creator while opened elsewhere. */
 	REQUIRE(destroy_qp(*tgt) == 0);
-	CHECK(state_of(*o) == IBV_QPS_SQD);
+	CHECK(state_of(*o) == IBV_QPS_RTS);
 	Result<Qp> again = open_qp(*b.ctx, oa);
 	REQUIRE(again);
 	REQUIRE(destroy_qp(*again.get()) == 0);
@@ -451,8 +451,8 @@ TEST_CASE("modify: every type walks the whole state machine; a wrong mask change
 		step(IBV_QPS_RTR, step_mask(type, IBV_QPS_RTR));
 		attempt(IBV_QPS_SQD, IBV_QP_STATE, EINVAL); /* RTR -> SQD */
 		step(IBV_QPS_RTS, step_mask(type, IBV_QPS_RTS));
-		step(IBV_QPS_SQD, IBV_QP_STATE);
-		step(IBV_QPS_SQD, IBV_QP_STATE | IBV_QP_PKEY_INDEX, IBV_QP_PKEY_INDEX);
+		/* mlx5 drains no QP on request ("[sqd]": the rxe profile's SQD). */
+		attempt(IBV_QPS_SQD, IBV_QP_STATE, EINVAL);
 		attempt(IBV_QPS_INIT, step_mask(type, IBV_QPS_INIT), EINVAL);
 		step(IBV_QPS_RTS, IBV_QP_STATE);
 		step(IBV_QPS_ERR, IBV_QP_STATE);
@@ -603,9 +603,33 @@ TEST_CASE("modify: an asserted current state must be the real one", "[qp][state]
 	destroy_qp(*qp);
 }
 
-TEST_CASE("modify: SQD -> SQD re-paths RC; a path moves the QP to its port", "[qp]")
+TEST_CASE("modify: RTS -> SQD -> SQD -> RTS where the profile drains (rxe)", "[.][sqd]")
+{
+	for (enum ibv_qp_type type : {IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD}) {
+		INFO("type " << type);
+		Env e;
+		REQUIRE(e.ctx->device->profile->drains_sq());
+		Qp *qp = e.create(type);
+		bring_to(*qp, IBV_QPS_RTS);
+		struct ibv_qp_attr a = good_attr(IBV_QPS_SQD);
+		REQUIRE(modify_qp(*qp, a, IBV_QP_STATE) == 0);
+		CHECK(state_of(*qp) == IBV_QPS_SQD);
+		a.pkey_index = 1;
+		CHECK(modify_qp(*qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX) == 0);
+		CHECK(query_all(*qp).pkey_index == 1);
+		a = good_attr(IBV_QPS_INIT);
+		CHECK(modify_qp(*qp, a, step_mask(type, IBV_QPS_INIT)) == EINVAL);
+		a = good_attr(IBV_QPS_RTS);
+		CHECK(modify_qp(*qp, a, IBV_QP_STATE) == 0);
+		CHECK(state_of(*qp) == IBV_QPS_RTS);
+		destroy_qp(*qp);
+	}
+}
+
+TEST_CASE("modify: SQD -> SQD re-paths RC; a path moves the QP to its port", "[.][sqd]")
 {
 	Env e;
+	REQUIRE(e.ctx->device->profile->drains_sq());
 	Qp *rc = e.create(IBV_QPT_RC);
 	bring_to(*rc, IBV_QPS_RTS);
 	struct ibv_qp_attr a = good_attr(IBV_QPS_SQD);
@@ -781,10 +805,10 @@ TEST_CASE("destroy drops the events the application never read", "[qp][events]")
 	CHECK_FALSE(next_event(*e.ctx, ev));
 }
 
-TEST_CASE("events: SQ drained on request, last WQE reached for SRQ QPs entering ERR",
-	  "[qp][events]")
+TEST_CASE("events: SQ drained on request where the profile drains (rxe)", "[.][sqd]")
 {
 	Env e;
+	REQUIRE(e.ctx->device->profile->drains_sq());
 	Qp *qp = e.create(IBV_QPT_RC);
 	bring_to(*qp, IBV_QPS_RTS);
 	struct ibv_qp_attr a = good_attr(IBV_QPS_SQD);
@@ -801,6 +825,19 @@ TEST_CASE("events: SQ drained on request, last WQE reached for SRQ QPs entering 
 	CHECK(ev.element.qp == qp->abi());
 	ack_async_event(ev);
 	a = good_attr(IBV_QPS_ERR);
+	REQUIRE(modify_qp(*qp, a, IBV_QP_STATE) == 0);
+	CHECK_FALSE(next_event(*e.ctx, ev)); /* no SRQ */
+	destroy_qp(*qp);
+}
+
+TEST_CASE("events: last WQE reached for SRQ QPs entering ERR, none for others",
+	  "[qp][events]")
+{
+	Env e;
+	struct ibv_async_event ev{};
+	struct ibv_qp_attr a = good_attr(IBV_QPS_ERR);
+	Qp *qp = e.create(IBV_QPT_RC);
+	bring_to(*qp, IBV_QPS_RTS);
 	REQUIRE(modify_qp(*qp, a, IBV_QP_STATE) == 0);
 	CHECK_FALSE(next_event(*e.ctx, ev)); /* no SRQ */
 	destroy_qp(*qp);
@@ -986,7 +1023,22 @@ TEST_CASE("two ports: the primary path must use the QP's port", "[.][qp][2ports]
 	a.port_num = 3;
 	CHECK(modify_qp(*qp, a, IBV_QP_PORT) == EINVAL);
 
-	/* Drained, the QP may move: a new primary path takes it to its port. */
+	destroy_qp(*qp);
+}
+
+TEST_CASE("two ports: drained, a QP moves to the port of a new primary path (rxe)",
+	  "[.][sqd][sqd-2ports]")
+{
+	Env e;
+	REQUIRE(e.ctx->device->ports.size() == 2);
+	REQUIRE(e.ctx->device->profile->drains_sq());
+	Qp *qp = e.create(IBV_QPT_RC);
+	struct ibv_qp_attr a = good_attr(IBV_QPS_INIT);
+	a.port_num = 2;
+	REQUIRE(modify_qp(*qp, a, step_mask(IBV_QPT_RC, IBV_QPS_INIT)) == 0);
+	a = good_attr(IBV_QPS_RTR);
+	a.ah_attr.port_num = 2;
+	REQUIRE(modify_qp(*qp, a, step_mask(IBV_QPT_RC, IBV_QPS_RTR)) == 0);
 	a = good_attr(IBV_QPS_RTS);
 	REQUIRE(modify_qp(*qp, a, step_mask(IBV_QPT_RC, IBV_QPS_RTS)) == 0);
 	a = good_attr(IBV_QPS_SQD);

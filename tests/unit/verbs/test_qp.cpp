@@ -258,20 +258,18 @@ TEST_CASE("destroy waits for the acknowledgement of an event the application rea
 	  "[qp][verbs][events]")
 {
 	Dev d;
-	struct ibv_qp *qp = d.qp(IBV_QPT_RC);
+	struct ibv_qp_init_attr ia = d.init_attr(IBV_QPT_RC);
+	ia.srq = d.srq();
+	struct ibv_qp *qp = ibv_create_qp(d.pd, &ia);
+	REQUIRE(qp);
 	struct ibv_qp_attr m = attr_for(IBV_QPS_INIT);
 	REQUIRE(ibv_modify_qp(qp, &m, rc_init) == 0);
-	m = attr_for(IBV_QPS_RTR);
-	REQUIRE(ibv_modify_qp(qp, &m, rc_rtr) == 0);
-	m = attr_for(IBV_QPS_RTS);
-	REQUIRE(ibv_modify_qp(qp, &m, rc_rts) == 0);
-	m = attr_for(IBV_QPS_SQD);
-	m.en_sqd_async_notify = 1;
-	REQUIRE(ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0);
+	m = attr_for(IBV_QPS_ERR); /* a QP on an SRQ: its last WQE is reached */
+	REQUIRE(ibv_modify_qp(qp, &m, IBV_QP_STATE) == 0);
 
 	struct ibv_async_event ev{};
 	REQUIRE(ibv_get_async_event(d.ctx, &ev) == 0);
-	CHECK(ev.event_type == IBV_EVENT_SQ_DRAINED);
+	CHECK(ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED);
 	CHECK(ev.element.qp == qp);
 
 	auto done = std::async(std::launch::async, [&] { return ibv_destroy_qp(qp); });
@@ -279,6 +277,83 @@ TEST_CASE("destroy waits for the acknowledgement of an event the application rea
 	ibv_ack_async_event(&ev);
 	REQUIRE(done.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
 	CHECK(done.get() == 0);
+}
+
+/* RC to RTS through the verbs, with the given responder depth and access. */
+static void rc_to_rts(struct ibv_qp *qp, uint8_t dest_rd_atomic, unsigned access)
+{
+	struct ibv_qp_attr m = attr_for(IBV_QPS_INIT);
+	m.qp_access_flags = access;
+	REQUIRE(ibv_modify_qp(qp, &m, rc_init) == 0);
+	m = attr_for(IBV_QPS_RTR);
+	m.max_dest_rd_atomic = dest_rd_atomic;
+	REQUIRE(ibv_modify_qp(qp, &m, rc_rtr) == 0);
+	m = attr_for(IBV_QPS_RTS);
+	m.max_rd_atomic = 3;
+	REQUIRE(ibv_modify_qp(qp, &m, rc_rts) == 0);
+}
+
+TEST_CASE("mlx5: no SQD; the QP context's access bits and depths read back", "[qp][verbs]")
+{
+	/* mlx5_ib: its transition table has no RTS -> SQD; query_qp_attr()
+	 * reports the remote access bits the QP context holds (read and
+	 * atomic only with responder resources) and the READ/atomic depths
+	 * as log2, rounded down (an unset one reads 1). */
+	Dev d;
+	struct ibv_qp *qp = d.qp(IBV_QPT_RC);
+	const unsigned all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	struct ibv_qp_attr m = attr_for(IBV_QPS_INIT);
+	m.qp_access_flags = all;
+	REQUIRE(ibv_modify_qp(qp, &m, rc_init) == 0);
+	struct ibv_qp_attr q{};
+	struct ibv_qp_init_attr qi{};
+	REQUIRE(ibv_query_qp(qp, &q, IBV_QP_ACCESS_FLAGS | IBV_QP_MAX_QP_RD_ATOMIC, &qi) == 0);
+	CHECK(q.qp_access_flags == IBV_ACCESS_REMOTE_WRITE); /* no responder resources yet */
+	CHECK(q.max_rd_atomic == 1);
+	CHECK(q.max_dest_rd_atomic == 1);
+	m = attr_for(IBV_QPS_RTR);
+	m.max_dest_rd_atomic = 5;
+	REQUIRE(ibv_modify_qp(qp, &m, rc_rtr) == 0);
+	m = attr_for(IBV_QPS_RTS);
+	m.max_rd_atomic = 3;
+	REQUIRE(ibv_modify_qp(qp, &m, rc_rts) == 0);
+	REQUIRE(ibv_query_qp(qp, &q, IBV_QP_ACCESS_FLAGS | IBV_QP_MAX_QP_RD_ATOMIC, &qi) == 0);
+	CHECK(q.qp_access_flags == (all & ~unsigned(IBV_ACCESS_LOCAL_WRITE)));
+	CHECK(q.max_rd_atomic == 2);
+	CHECK(q.max_dest_rd_atomic == 4);
+
+	m = attr_for(IBV_QPS_SQD);
+	m.en_sqd_async_notify = 1;
+	CHECK(ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == EINVAL);
+	CHECK(ibv_modify_qp(qp, &m, IBV_QP_STATE) == EINVAL);
+	REQUIRE(ibv_query_qp(qp, &q, IBV_QP_STATE, &qi) == 0);
+	CHECK(q.qp_state == IBV_QPS_RTS);
+	CHECK(ibv_destroy_qp(qp) == 0);
+}
+
+TEST_CASE("rxe: SQD on request with its event; attributes read back as set", "[.][rxe]")
+{
+	Dev d;
+	struct ibv_qp *qp = d.qp(IBV_QPT_RC);
+	rc_to_rts(qp, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	struct ibv_qp_attr q{};
+	struct ibv_qp_init_attr qi{};
+	REQUIRE(ibv_query_qp(qp, &q, IBV_QP_ACCESS_FLAGS | IBV_QP_MAX_QP_RD_ATOMIC, &qi) == 0);
+	CHECK(q.qp_access_flags == (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
+	CHECK(q.max_rd_atomic == 3);
+	CHECK(q.max_dest_rd_atomic == 0);
+	struct ibv_qp_attr m = attr_for(IBV_QPS_SQD);
+	m.en_sqd_async_notify = 1;
+	REQUIRE(ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0);
+	struct ibv_async_event ev{};
+	REQUIRE(ibv_get_async_event(d.ctx, &ev) == 0);
+	CHECK(ev.event_type == IBV_EVENT_SQ_DRAINED);
+	CHECK(ev.element.qp == qp);
+	ibv_ack_async_event(&ev);
+	m = attr_for(IBV_QPS_RTS);
+	CHECK(ibv_modify_qp(qp, &m, IBV_QP_STATE) == 0);
+	CHECK(ibv_destroy_qp(qp) == 0);
 }
 
 TEST_CASE("ECE and data-in-order as a ConnectX-5 answers them", "[qp][verbs]")
