@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <cstdint>
@@ -466,10 +467,49 @@ uint64_t page_size()
 	return size;
 }
 
+/* ib_access_writable(): the access for which ib_umem_get() pins with
+ * FOLL_WRITE. */
+bool writable(uint32_t access)
+{
+	return access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND);
+}
+
+/* What the pinning refuses of mapped pages (EFAULT): a mapping without
+ * access (PROT_NONE), and for a writable MR one without write. Unchecked,
+ * a transfer into such memory would fault in the emulator instead. The
+ * protections are read from /proc/self/maps (sorted by address), once per
+ * registration; if it cannot be read, nothing more is checked. */
+int check_protection(uint64_t start, uint64_t end, bool write)
+{
+	FILE *maps = std::fopen("/proc/self/maps", "re");
+	if (!maps)
+		return 0;
+	char *line = nullptr;
+	size_t cap = 0;
+	int err = 0;
+	while (getline(&line, &cap, maps) > 0) {
+		unsigned long lo = 0, hi = 0;
+		char perms[5] = {};
+		if (std::sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3 || hi <= start)
+			continue;
+		if (lo >= end)
+			break;
+		if (std::strncmp(perms, "---", 3) == 0 || (write && perms[1] != 'w')) {
+			err = EFAULT;
+			break;
+		}
+	}
+	std::free(line);
+	std::fclose(maps);
+	return err;
+}
+
 /* What ib_umem_get() refuses before and while pinning: an range that wraps
- * (EINVAL), no pages (EINVAL), pages that are not mapped (EFAULT). msync()
- * with MS_ASYNC only walks the mappings and fails with ENOMEM on a hole. */
-int check_user_range(uint64_t addr, uint64_t length)
+ * (EINVAL), no pages (EINVAL), pages that are not mapped or not accessible
+ * as `access` needs (EFAULT). msync() with MS_ASYNC only walks the mappings
+ * and fails with ENOMEM on a hole. */
+int check_user_range(uint64_t addr, uint64_t length, uint32_t access)
 {
 	const uint64_t page = page_size();
 	uint64_t end = addr + length;
@@ -481,7 +521,7 @@ int check_user_range(uint64_t addr, uint64_t length)
 	uint64_t start = addr & ~(page - 1);
 	if (msync(reinterpret_cast<void *>(start), end_aligned - start, MS_ASYNC) != 0)
 		return EFAULT;
-	return 0;
+	return check_protection(start, end_aligned, writable(access));
 }
 
 KeyEntry mr_entry(const Mr &mr)
@@ -598,7 +638,7 @@ Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova
 	} else if (is_odp(access)) {
 		if (int err = check_odp_range(start, length))
 			return Err{err};
-	} else if (int err = check_user_range(start, length)) {
+	} else if (int err = check_user_range(start, length, access)) {
 		return Err{err};
 	}
 	return publish_mr(ctx, pd, MrType::User, start, length, iova, access);
@@ -641,10 +681,18 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 			return err;
 	if ((flags & IBV_REREG_MR_CHANGE_PD) && !new_pd)
 		return EINVAL;
-	const bool odp = is_odp((flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : mr.access);
-	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION)
-		if (int err = odp ? check_odp_range(start, length) : check_user_range(start, length))
+	const uint32_t new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : mr.access;
+	const bool odp = is_odp(new_access);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		if (int err = odp ? check_odp_range(start, length)
+				  : check_user_range(start, length, new_access))
 			return err;
+	} else if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && !odp && writable(new_access) &&
+		   !writable(mr.access)) {
+		/* mlx5_ib pins again for the new access. */
+		if (int err = check_user_range(mr.addr, mr.length, new_access))
+			return err;
+	}
 
 	Pd *old_pd = mr.pd;
 	Pd *pd = (flags & IBV_REREG_MR_CHANGE_PD) ? new_pd : old_pd;

@@ -164,6 +164,22 @@ TEST_CASE("reg_mr argument checks", "[mr]")
 	expect_reg(entry, f.pd, map + 10, page - 10, LW, 0);
 	munmap(map, page);
 	munmap(map + 2 * page, page);
+
+	/* Pages the pinning refuses (EFAULT): read-only ones for a writable
+	 * MR (ib_umem_get pins with FOLL_WRITE), PROT_NONE ones for any. */
+	map = static_cast<char *>(
+		mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+	REQUIRE(map != MAP_FAILED);
+	REQUIRE(mprotect(map + page, page, PROT_READ) == 0);
+	expect_reg(entry, f.pd, map + page, page, 0, 0);
+	expect_reg(entry, f.pd, map + page, page, IBV_ACCESS_REMOTE_READ, 0);
+	expect_reg(entry, f.pd, map + page, page, LW, EFAULT);
+	expect_reg(entry, f.pd, map + page, page, IBV_ACCESS_MW_BIND, EFAULT);
+	expect_reg(entry, f.pd, map, 2 * page, LW, EFAULT); /* partly */
+	expect_reg(entry, f.pd, map, page, LW, 0);
+	REQUIRE(mprotect(map + page, page, PROT_NONE) == 0);
+	expect_reg(entry, f.pd, map + page, page, 0, EFAULT);
+	munmap(map, 2 * page);
 }
 
 TEST_CASE("on-demand paging over the whole address space", "[mr]")
@@ -322,6 +338,8 @@ TEST_CASE("rereg_mr lifecycle and keys", "[mr]")
 		void *unmapped = mmap(nullptr, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		REQUIRE(unmapped != MAP_FAILED);
 		munmap(unmapped, page);
+		void *read_only = mmap(nullptr, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		REQUIRE(read_only != MAP_FAILED);
 		char *b = f.buf.data();
 		const int T = IBV_REREG_MR_CHANGE_TRANSLATION, P = IBV_REREG_MR_CHANGE_PD,
 			  A = IBV_REREG_MR_CHANGE_ACCESS;
@@ -343,6 +361,8 @@ TEST_CASE("rereg_mr lifecycle and keys", "[mr]")
 			 0, RW | IBV_ACCESS_ON_DEMAND, IBV_REREG_MR_ERR_CMD, EINVAL},
 			{"new PD NULL", P, false, nullptr, 0, 0, IBV_REREG_MR_ERR_CMD, EINVAL},
 			{"unmapped new range", T, false, unmapped, 64, 0, IBV_REREG_MR_ERR_CMD, EFAULT},
+			{"read-only new range, writable", T | A, false, read_only, 64, LW,
+			 IBV_REREG_MR_ERR_CMD, EFAULT},
 			{"wrapping new range", T, false, b, SIZE_MAX - 8, 0, IBV_REREG_MR_ERR_CMD,
 			 EINVAL},
 		};
@@ -359,6 +379,21 @@ TEST_CASE("rereg_mr lifecycle and keys", "[mr]")
 		errno = 0;
 		CHECK(ibv_rereg_mr(nullptr, A, nullptr, nullptr, 0, LW) == IBV_REREG_MR_ERR_INPUT);
 		CHECK(errno == EINVAL);
+		munmap(read_only, page);
+	}
+	SECTION("a read-only MR over read-only pages cannot become writable")
+	{
+		void *ro = mmap(nullptr, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		REQUIRE(ro != MAP_FAILED);
+		struct ibv_mr *rmr = ibv_reg_mr(f.pd, ro, page, IBV_ACCESS_REMOTE_READ);
+		REQUIRE(rmr);
+		errno = 0;
+		CHECK(ibv_rereg_mr(rmr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, LW) ==
+		      IBV_REREG_MR_ERR_CMD);
+		CHECK(errno == EFAULT);
+		CHECK(ibv_rereg_mr(rmr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 0) == 0);
+		CHECK(ibv_dereg_mr(rmr) == 0);
+		munmap(ro, page);
 	}
 	CHECK(ibv_dereg_mr(mr) == 0);
 }
