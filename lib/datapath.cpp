@@ -604,6 +604,8 @@ void QpEngine::check_remote_errors()
 			post_qp_event(core_, IBV_EVENT_QP_ACCESS_ERR);
 		else if (err == shm::remote_error_cq)
 			post_qp_event(core_, IBV_EVENT_QP_FATAL);
+		else if (err == shm::remote_error_inv_req)
+			post_qp_event(core_, IBV_EVENT_QP_REQ_ERR);
 	}
 	desc_->remote_error.compare_exchange_strong(err, shm::remote_error_none);
 }
@@ -1408,6 +1410,16 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		}
 	};
 
+	/* A request naming no receive queue it may use (XRC: an SRQ number
+	 * of no XRC SRQ of its domain) is invalid: the responder QP enters
+	 * ERR too, with its own event (IBA's Invalid Request Local Work
+	 * Queue Error). */
+	auto recv_side_failed = [&](enum ibv_wc_status st) {
+		if (st == IBV_WC_REM_INV_REQ_ERR)
+			shm::leave_remote_error(*t.desc, shm::remote_error_inv_req);
+		return fail(st);
+	};
+
 	/* Remote access for one-sided operations, checked against the
 	 * responder's PD: for XRC (whose XRC_RECV QPs have none) the PD of
 	 * the XRC SRQ the WR names, as IBA's XRC annex has it. */
@@ -1415,7 +1427,7 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 	if (type_ == IBV_QPT_XRC_SEND && wr.opcode != IBV_WR_SEND &&
 	    wr.opcode != IBV_WR_SEND_WITH_IMM && wr.opcode != IBV_WR_SEND_WITH_INV) {
 		if (enum ibv_wc_status st = open_recv_side())
-			return fail(st);
+			return recv_side_failed(st);
 		access_pdn = rs.pdn;
 	}
 	auto responder_error = [&](uint32_t what) {
@@ -1449,7 +1461,7 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		shm::RecvWqe wqe{};
 		std::vector<shm::RecvSge> &rsges = recv_sges_;
 		if (enum ibv_wc_status st = open_recv_side())
-			return fail(st);
+			return recv_side_failed(st);
 		if ((rnr_early_attempt && !rq_refilled(rs.q, sq_.size())) ||
 		    !consume_wqe(rs.q, wqe, rsges)) {
 			if (!reliable) {
@@ -1481,7 +1493,7 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 	/* SEND / SEND_WITH_IMM: a receive WQE of the target's RQ or SRQ. */
 	{
 		if (enum ibv_wc_status st = open_recv_side())
-			return fail(st);
+			return recv_side_failed(st);
 		const PeerSegment *rq_seg = rs.seg;
 		shm::RecvWqe wqe{};
 		std::vector<shm::RecvSge> &rsges = recv_sges_;
@@ -1678,8 +1690,14 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	default:
 		return fail(IBV_WC_LOC_QP_OP_ERR); /* not one-sided: a caller's bug */
 	}
-	if (length < 8 || (op.remote_addr & 7))
+	if (length < 8)
 		return fail(IBV_WC_REM_INV_REQ_ERR);
+	if (op.remote_addr & 7) {
+		/* Misaligned: an invalid request, which puts the responder
+		 * in ERR too (IBA's Invalid Request Local Work Queue Error). */
+		shm::leave_remote_error(t, shm::remote_error_inv_req);
+		return fail(IBV_WC_REM_INV_REQ_ERR);
+	}
 	const KeyRef *rkey = hold_rkey(peer, t, pdn, op.rkey, op.remote_addr, 8,
 				       IBV_ACCESS_REMOTE_ATOMIC);
 	if (!rkey)

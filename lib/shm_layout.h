@@ -110,6 +110,9 @@ enum RemoteError : uint32_t {
 	/* A completion of the QP found its CQ overrun (IBA's Local Work Queue
 	 * Catastrophic Error): QP -> ERR, IBV_EVENT_QP_FATAL. */
 	remote_error_cq = 3,
+	/* A request the responder found invalid (IBA's Invalid Request Local
+	 * Work Queue Error): QP -> ERR, IBV_EVENT_QP_REQ_ERR. */
+	remote_error_inv_req = 4,
 };
 
 /* Leaves `error` for QP `t`'s owner unless one is pending already (the

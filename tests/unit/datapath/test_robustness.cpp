@@ -542,6 +542,28 @@ TEST_CASE("a CQ a peer overran raises IBV_EVENT_CQ_ERR without being polled; the
 		ibv_destroy_ah(ah);
 }
 
+TEST_CASE("RC: a misaligned atomic is an invalid request; the responder enters ERR too",
+	  "[robust]")
+{
+	/* IBA: the responder NAKs it (REM_INV_REQ_ERR at the requester) and
+	 * enters ERR with an Invalid Request Local Work Queue Error. */
+	Pair p;
+	p.connect();
+	struct ibv_send_wr wr{};
+	wr.wr.atomic.remote_addr = p.b.addr(4);
+	wr.wr.atomic.rkey = p.b.mr->rkey;
+	wr.wr.atomic.compare_add = 1;
+	REQUIRE(Pair::post8(p.a, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, wr) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK((wc.wr_id == 1 && wc.status == IBV_WC_REM_INV_REQ_ERR));
+	struct ibv_async_event ev{};
+	CHECK(next_event(p.ctx, ev) == IBV_EVENT_QP_REQ_ERR);
+	CHECK(ev.element.qp == p.b.qp);
+	CHECK(qp_state(p.b.qp) == IBV_QPS_ERR);
+	CHECK(qp_state(p.a.qp) == IBV_QPS_ERR);
+}
+
 TEST_CASE("a QP whose send completion overruns its CQ enters ERR with IBV_EVENT_QP_FATAL",
 	  "[robust][overrun]")
 {

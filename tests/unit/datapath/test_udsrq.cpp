@@ -820,6 +820,19 @@ TEST_CASE("XRC: an SRQ's CQ that senders overran raises IBV_EVENT_CQ_ERR unpolle
 	CHECK(XrcLink::in_state(x.rqp, IBV_QPS_ERR));
 }
 
+TEST_CASE("XRC: a SEND naming no XRC SRQ is an invalid request; the XRC_RECV QP enters ERR",
+	  "[xrc]")
+{
+	XrcLink x(16);
+	Dev &d = x.d;
+	REQUIRE(send(x.sqp, d.sge(128, 8), 10, nullptr, 0, 0, x.srqn + 1000) == 0);
+	struct ibv_wc wc;
+	REQUIRE(poll_one(x.cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_REM_INV_REQ_ERR);
+	CHECK(wait_async(d.ctx, IBV_EVENT_QP_REQ_ERR, x.rqp, 2000));
+	CHECK(XrcLink::in_state(x.rqp, IBV_QPS_ERR));
+}
+
 /* ---- UD ---- */
 
 struct UdPair {
