@@ -331,7 +331,10 @@ SHMV_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, vo
 		return IBV_REREG_MR_ERR_INPUT;
 	}
 	Mr *m = Mr::from(mr);
-	if (m->type != MrType::User || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) ||
+	/* libibverbs refuses a null MR (IBV_MR_TYPE_NULL_MR) itself; a DM
+	 * MR is an IBV_MR_TYPE_MR to it (cmd_dm.c), which the kernel
+	 * refuses (ib_uverbs_rereg_mr: mr->dm). */
+	if (m->type == MrType::Null || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) ||
 	    ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!length || !addr)) ||
 	    (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
 		errno = EINVAL;

@@ -245,6 +245,11 @@ TEST_CASE("lkeys and rkeys are unique on the device", "[mr]")
 	struct ibv_mr *null_mr = ibv_alloc_null_mr(f.pd);
 	REQUIRE(null_mr);
 	CHECK(keys.count(null_mr->lkey) == 0);
+	/* libibverbs' ibv_rereg_mr takes only IBV_MR_TYPE_MR. */
+	errno = 0;
+	CHECK(ibv_rereg_mr(null_mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, LW) ==
+	      IBV_REREG_MR_ERR_INPUT);
+	CHECK(errno == EINVAL);
 
 	/* Keys of a second context on the same device come from the same space. */
 	struct ibv_context *ctx2 = ibv_open_device(f.ctx->device);
