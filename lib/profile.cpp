@@ -137,7 +137,8 @@ public:
 			p.gid_tbl_len = 256;
 			p.port_cap_flags = 0x04010000;
 		}
-		p.pkey_tbl_len = 128;
+		/* mlx5_query_port_roce(): RoCE has the default P_Key alone. */
+		p.pkey_tbl_len = ll == LinkLayer::InfiniBand ? 128 : 1;
 		return p;
 	}
 

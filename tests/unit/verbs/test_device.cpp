@@ -100,6 +100,44 @@ TEST_CASE("ibv_query_gid_ex and ibv_query_gid_table on InfiniBand", "[device][gi
 	CHECK(ibv_query_gid_table(ctx, table, 4, 1) == -EOPNOTSUPP);
 }
 
+TEST_CASE("RoCE: the default P_Key alone", "[.eth][device]")
+{
+	/* mlx5_query_port_roce(): pkey_tbl_len 1; a QP cannot name another. */
+	shmv_test::OpenDevice d;
+	struct ibv_port_attr port{};
+	REQUIRE(ibv_query_port(d.ctx, 1, &port) == 0);
+	CHECK(port.link_layer == IBV_LINK_LAYER_ETHERNET);
+	CHECK(port.pkey_tbl_len == 1);
+	__be16 pkey;
+	REQUIRE(ibv_query_pkey(d.ctx, 1, 0, &pkey) == 0);
+	CHECK(pkey == htobe16(0xffff));
+	CHECK(ibv_query_pkey(d.ctx, 1, 1, &pkey) != 0);
+
+	struct ibv_pd *pd = ibv_alloc_pd(d.ctx);
+	REQUIRE(pd);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 4, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	struct ibv_qp_init_attr ia{};
+	ia.send_cq = ia.recv_cq = cq;
+	ia.qp_type = IBV_QPT_UD;
+	ia.cap.max_send_wr = ia.cap.max_recv_wr = 1;
+	ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	REQUIRE(qp);
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qkey = 1;
+	a.pkey_index = 1;
+	const int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+	CHECK(ibv_modify_qp(qp, &a, mask) == EINVAL);
+	a.pkey_index = 0;
+	CHECK(ibv_modify_qp(qp, &a, mask) == 0);
+	CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+}
+
 TEST_CASE("ibv_query_gid_table on Ethernet: RoCE v1 and v2, link-local and IPv4",
 	  "[.eth][device][gid]")
 {
