@@ -355,6 +355,7 @@ QpEngine::QpEngine(Qp &qp)
 	desc_->type = type_;
 	desc_->pdn = pdn_;
 	desc_->state.store(IBV_QPS_RESET);
+	desc_->comm_est.store(0, std::memory_order_relaxed);
 	desc_->srqn = qp.srq ? qp.srq->srq_num : 0;
 	desc_->xrc_domain = qp.core->xrc_domain;
 	if (recv_cq_) {
@@ -489,6 +490,7 @@ void QpEngine::reset()
 			 * belonged to the QP's previous life: the QP it would
 			 * have moved to ERR is being reset anyway. */
 			desc_->remote_error.store(shm::remote_error_none, std::memory_order_relaxed);
+			desc_->comm_est.store(0, std::memory_order_relaxed);
 		}
 		sq_.clear();
 		/* Every WR posted retires (the CQ clean that follows removes
@@ -588,6 +590,11 @@ void QpEngine::check_remote_errors()
 		cq_detail::report_overrun(*recv_cq_);
 	if (!desc_)
 		return;
+	if (desc_->comm_est.load(std::memory_order_relaxed) == 1) [[unlikely]] {
+		uint32_t noted = 1;
+		if (desc_->comm_est.compare_exchange_strong(noted, 2))
+			post_qp_event(core_, IBV_EVENT_COMM_EST);
+	}
 	/* A load first: the progress thread sweeps every QP, and a swap would
 	 * pull each descriptor's line away from the senders using it. */
 	if (desc_->remote_error.load(std::memory_order_relaxed) == shm::remote_error_none)
@@ -1316,7 +1323,7 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		target_.desc = nullptr; /* resolved afresh next time */
 		return unreachable();
 	}
-	if (!responder_ready(*t.desc)) {
+	if (!(type_ == IBV_QPT_UD ? responder_ready(*t.desc) : connected_responder_ready(*t.desc))) {
 		/* A responder that is not ready drops packets. Its reset waits
 		 * for the count (wait_for_senders). */
 		release_holds();
@@ -1883,7 +1890,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	if (!target_valid(attr_.dest_qp_num) || !target_.seg->alive() ||
 	    t.dead.load(std::memory_order_seq_cst))
 		return false;
-	return responder_ready(t);
+	return connected_responder_ready(t);
 }
 
 QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
@@ -1903,7 +1910,7 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 		hold_target(t);
 	if (t.dead.load(std::memory_order_seq_cst))
 		return Direct::NotTaken;
-	if (!responder_ready(t))
+	if (!connected_responder_ready(t))
 		return Direct::NotTaken;
 
 	struct iovec few[4];

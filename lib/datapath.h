@@ -66,6 +66,20 @@ namespace shmverbs {
 	       d.remote_error.load(std::memory_order_relaxed) == shm::remote_error_none;
 }
 
+/* responder_ready() of a connected responder (RC, UC, XRC_RECV), which
+ * notes the first message it takes in RTR: the device raises
+ * IBV_EVENT_COMM_EST for it (IBA 11.6.3), here the owner
+ * (check_remote_errors). */
+[[gnu::always_inline]] inline bool connected_responder_ready(shm::QpDesc &d)
+{
+	if (!responder_ready(d))
+		return false;
+	if (d.state.load(std::memory_order_relaxed) == IBV_QPS_RTR &&
+	    d.comm_est.load(std::memory_order_relaxed) == 0) [[unlikely]]
+		d.comm_est.store(1, std::memory_order_release);
+	return true;
+}
+
 /*
  * A vector of trivially copyable T that keeps up to N elements in place and
  * moves to the heap only beyond that: the common WR (a few SGEs, a small

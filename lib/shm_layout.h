@@ -98,6 +98,10 @@ struct QpDesc {
 	/* XRC_RECV: the XRC domain (Xrcd::domain) it lives in; a sender's
 	 * XRC SRQ must belong to the same domain. 0 for other types. */
 	uint64_t xrc_domain;
+	/* Communication established (IBA 11.6.3): a sender's message found
+	 * the QP (RC, UC, XRC_RECV) in RTR and set 1; the owner raises
+	 * IBV_EVENT_COMM_EST and sets 2; a reset sets 0. */
+	std::atomic<uint32_t> comm_est;
 };
 static_assert(std::is_standard_layout_v<QpDesc>);
 /* `access_flags` shares the cache line of `inflight`: one line per check. */

@@ -6,6 +6,7 @@
 #include "loopback.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 
 #include "../common/child.h"
 
@@ -562,6 +563,52 @@ TEST_CASE("RC: a misaligned atomic is an invalid request; the responder enters E
 	CHECK(ev.element.qp == p.b.qp);
 	CHECK(qp_state(p.b.qp) == IBV_QPS_ERR);
 	CHECK(qp_state(p.a.qp) == IBV_QPS_ERR);
+}
+
+TEST_CASE("the first message a QP in RTR takes raises IBV_EVENT_COMM_EST, once", "[robust]")
+{
+	/* IBA 11.6.3: Communication Established, raised by the device when a
+	 * connected QP receives in RTR (what rdma_cm's passive side uses when
+	 * the RTU is lost). */
+	Options o;
+	o.type = GENERATE(IBV_QPT_RC, IBV_QPT_UC);
+	CAPTURE(o.type);
+	Pair p(o);
+	REQUIRE(Pair::up(p.a, p.b.qp->qp_num, p.lid, o.type) == 0);
+	shmv_test::QpPath path;
+	path.access = IBV_ACCESS_REMOTE_WRITE;
+	REQUIRE(shmv_test::qp_to_init(p.b.qp, o.type, path) == 0);
+	struct ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = p.a.qp->qp_num;
+	a.ah_attr.dlid = p.lid;
+	a.ah_attr.port_num = 1;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 1;
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (o.type == IBV_QPT_RC)
+		mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	REQUIRE(ibv_modify_qp(p.b.qp, &a, mask) == 0);
+	for (uint64_t i = 0; i < 2; i++)
+		REQUIRE(Pair::post_recv(p.b, 7 + i, 64 * i, 64) == 0);
+	auto quiet = [&] {
+		struct pollfd pfd = {p.ctx->async_fd, POLLIN, 0};
+		return poll(&pfd, 1, 50) == 0;
+	};
+	CHECK(quiet());
+	struct ibv_wc wc{};
+	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 1) == 0);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK((wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS));
+	struct ibv_async_event ev{};
+	CHECK(next_event(p.ctx, ev) == IBV_EVENT_COMM_EST);
+	CHECK(ev.element.qp == p.b.qp);
+	REQUIRE(Pair::post8(p.a, IBV_WR_SEND, 2) == 0);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK(wc.wr_id == 8);
+	CHECK(quiet()); /* once */
+	CHECK(qp_state(p.b.qp) == IBV_QPS_RTR);
 }
 
 TEST_CASE("a QP whose send completion overruns its CQ enters ERR with IBV_EVENT_QP_FATAL",

@@ -804,9 +804,10 @@ TEST_CASE("XRC: an SRQ's CQ that senders overran raises IBV_EVENT_CQ_ERR unpolle
 	REQUIRE(send(x.sqp, d.sge(128, 8), 10, nullptr, 0, 0, x.srqn) == 0);
 	REQUIRE(send(x.sqp, d.sge(128, 8), 11, nullptr, 0, 0, x.srqn) == 0);
 	/* And the XRC_RECV QP whose receive found the CQ in error enters ERR
-	 * (IBV_EVENT_QP_FATAL); the two events come in either order. */
+	 * (IBV_EVENT_QP_FATAL); the two events come in either order, after
+	 * the QP's IBV_EVENT_COMM_EST (its first message, in RTR). */
 	bool cq_err = false, qp_fatal = false;
-	for (int i = 0; i < 2 && !(cq_err && qp_fatal); i++) {
+	for (int i = 0; i < 3 && !(cq_err && qp_fatal); i++) {
 		struct pollfd pfd = {d.ctx->async_fd, POLLIN, 0};
 		struct ibv_async_event ev;
 		if (poll(&pfd, 1, 2000) != 1 || ibv_get_async_event(d.ctx, &ev) != 0)
