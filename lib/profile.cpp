@@ -89,6 +89,16 @@ public:
 	/* mlx5_ib's transition table has no RTS -> SQD (nor SQD -> SQD): its
 	 * QPs are never drained on request. */
 	bool drains_sq() const override { return false; }
+	/* mlx5_ib writes them into the QP context with MLX5_SET, which keeps
+	 * the field's width: timeout 32 is 0 (no timeout), retry_cnt 8 is 0. */
+	void fit_path_fields(struct ibv_qp_attr &a) const override
+	{
+		a.timeout &= 0x1f;
+		a.alt_timeout &= 0x1f;
+		a.min_rnr_timer &= 0x1f;
+		a.retry_cnt &= 7;
+		a.rnr_retry &= 7;
+	}
 
 	struct ibv_device_attr device_attr() const override
 	{
@@ -452,6 +462,7 @@ public:
 	}
 	void read_back(struct ibv_qp_attr &a) const override { mlx5_.read_back(a); }
 	bool drains_sq() const override { return mlx5_.drains_sq(); }
+	void fit_path_fields(struct ibv_qp_attr &a) const override { mlx5_.fit_path_fields(a); }
 
 	/* Whatever the mlx5 profile would refuse is refused; what it would
 	 * grant is granted exactly as asked. */

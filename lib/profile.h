@@ -77,6 +77,9 @@ public:
 	virtual void read_back(struct ibv_qp_attr &) const {}
 	/* Whether a QP may enter SQD (RTS -> SQD, SQD -> SQD). */
 	virtual bool drains_sq() const { return true; }
+	/* The path fields of a modify as the device takes them (timeout,
+	 * retry counts, RNR timer): as given by default, nothing refused. */
+	virtual void fit_path_fields(struct ibv_qp_attr &) const {}
 
 	/* On-demand paging as the device reports it (ibv_query_device_ex
 	 * odp_caps and xrc_odp_caps); none by default. What the host allows
