@@ -167,6 +167,15 @@ void Context::post_async_event(const struct ibv_async_event &event)
 	[[maybe_unused]] ssize_t n = ::write(vctx.context.async_fd, &one, sizeof(one));
 }
 
+void Context::post_async_event_if_open(Context *ctx, const struct ibv_async_event &event)
+{
+	/* close_context() leaves the set under this lock before it frees. */
+	OpenContexts &o = *open_contexts();
+	std::lock_guard guard(o.lock);
+	if (o.all.count(ctx))
+		ctx->post_async_event(event);
+}
+
 int Context::get_async_event(struct ibv_async_event &event)
 {
 	uint64_t token;

@@ -67,6 +67,11 @@ struct Context {
 
 	/* Queues an event for ibv_get_async_event(). */
 	void post_async_event(const struct ibv_async_event &event);
+	/* post_async_event() to `ctx` unless it was closed: an object the
+	 * application left alive past ibv_close_device() (a QP, a CQ, an
+	 * SRQ) can still raise events from the progress thread; the kernel
+	 * would have destroyed it with the file. */
+	static void post_async_event_if_open(Context *ctx, const struct ibv_async_event &event);
 
 	void add_event_source(const void *object, AsyncEventCounter *counter);
 	void remove_event_source(const void *object);

@@ -410,7 +410,7 @@ namespace cq_detail {
 	struct ibv_async_event ev{};
 	ev.element.cq = cq.abi();
 	ev.event_type = IBV_EVENT_CQ_ERR;
-	cq.ctx->post_async_event(ev);
+	Context::post_async_event_if_open(cq.ctx, ev);
 }
 
 } // namespace cq_detail

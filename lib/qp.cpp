@@ -200,7 +200,7 @@ void post_event_locked(QpCore &core, enum ibv_event_type type)
 		struct ibv_async_event e{};
 		e.element.qp = h->abi();
 		e.event_type = type;
-		h->ctx->post_async_event(e);
+		Context::post_async_event_if_open(h->ctx, e);
 	}
 }
 

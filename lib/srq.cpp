@@ -517,7 +517,7 @@ void srq_limit_reached(Srq &srq, uint64_t events)
 		struct ibv_async_event ev{};
 		ev.element.srq = srq.abi();
 		ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
-		srq.ctx->post_async_event(ev);
+		Context::post_async_event_if_open(srq.ctx, ev);
 	}
 }
 

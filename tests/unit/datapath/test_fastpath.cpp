@@ -69,6 +69,18 @@ int post_write(Side &s, bool ex, uint64_t wr_id, struct ibv_sge sge, uint32_t rk
 	return ibv_wr_complete(s.qpx);
 }
 
+/* On a connected pair: WRITE 1's completion taken by an ibv_start_poll()
+ * batch left open, and WRITE 2 posted from inside it (its completion held
+ * for ibv_end_poll). */
+void batch_holding_write(Pair &p)
+{
+	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 1, p.b.addr(512), p.b.mr->rkey) == 0);
+	struct ibv_poll_cq_attr pa{};
+	REQUIRE(ibv_start_poll(p.a.cqx, &pa) == 0);
+	CHECK(p.a.cqx->wr_id == 1);
+	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 2, p.b.addr(512), p.b.mr->rkey) == 0);
+}
+
 } // namespace
 
 TEST_CASE("fast path: a WR posted inside a start_poll batch of its CQ completes at end_poll",
@@ -127,11 +139,7 @@ TEST_CASE("fast path: a WR another thread posts behind one held back by a poll b
 	o.send_ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
 	Pair p(o);
 	p.connect();
-	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 1, p.b.addr(512), p.b.mr->rkey) == 0);
-	struct ibv_poll_cq_attr pa{};
-	REQUIRE(ibv_start_poll(p.a.cqx, &pa) == 0);
-	CHECK(p.a.cqx->wr_id == 1);
-	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 2, p.b.addr(512), p.b.mr->rkey) == 0);
+	batch_holding_write(p);
 	int other = -1;
 	std::thread t([&] { other = post_signaled(p.a, IBV_WR_RDMA_WRITE, 3, p.b.addr(512), p.b.mr->rkey); });
 	t.join();
@@ -154,11 +162,7 @@ TEST_CASE("fast path: a QP reset inside a poll batch takes its held-back complet
 	 * mlx5_cq_clean does), the one waiting for end_poll included. */
 	Pair p;
 	p.connect();
-	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 1, p.b.addr(512), p.b.mr->rkey) == 0);
-	struct ibv_poll_cq_attr pa{};
-	REQUIRE(ibv_start_poll(p.a.cqx, &pa) == 0);
-	CHECK(p.a.cqx->wr_id == 1);
-	REQUIRE(post_signaled(p.a, IBV_WR_RDMA_WRITE, 2, p.b.addr(512), p.b.mr->rkey) == 0);
+	batch_holding_write(p);
 	struct ibv_qp_attr a{};
 	a.qp_state = IBV_QPS_RESET;
 	REQUIRE(ibv_modify_qp(p.a.qp, &a, IBV_QP_STATE) == 0);
