@@ -22,14 +22,16 @@ namespace {
 
 struct HeldKey {
 	Dev dev{IBV_QPT_RC};
-	/* On the heap, beside other objects: the holder is fork()ed while it
-	 * is registered, and nothing the child does may reach these pages. */
-	std::vector<char> buf = std::vector<char>(4096);
+	/* Pages of its own: ibv_dereg_mr() runs in a thread while this one
+	 * reads the holder's pipe into a stdio buffer on the heap, and a
+	 * system call writing into a page that dereg switches back to private
+	 * memory fails with EFAULT (docs/verbs.md, ibv_reg_mr). */
+	PageBuf buf;
 	struct ibv_mr *mr = nullptr;
 
 	HeldKey()
 	{
-		mr = ibv_reg_mr(dev.pd, buf.data(), buf.size(),
+		mr = ibv_reg_mr(dev.pd, buf.p, buf.n,
 				IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 		REQUIRE(mr);
 	}
