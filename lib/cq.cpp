@@ -74,16 +74,11 @@ constexpr uint16_t max_cq_period = 0xfff;
 
 std::atomic<uint32_t> next_cqn{1};
 
-bool is_rxe(const Context &ctx)
-{
-	return ctx.device->profile == &Profile::get(ProfileKind::Rxe);
-}
-
 /* libmlx5 reads MLX5_CQE_SIZE for every CQ and refuses anything but 64 or
  * 128 bytes; the rxe profile has no such variable. */
 bool cqe_size_env_valid(const Context &ctx)
 {
-	if (is_rxe(ctx))
+	if (ctx.device->profile->is(ProfileKind::Rxe))
 		return true;
 	const char *env = std::getenv("MLX5_CQE_SIZE");
 	if (!env)
@@ -1216,7 +1211,7 @@ int req_notify_cq(Cq &cq, int solicited_only)
 int modify_cq(Cq &cq, const struct ibv_modify_cq_attr &attr)
 {
 	/* librxe has no modify_cq: libibverbs' default answers. */
-	if (is_rxe(*cq.ctx))
+	if (cq.ctx->device->profile->is(ProfileKind::Rxe))
 		return EOPNOTSUPP;
 	/* libibverbs, then ib_uverbs, then mlx5_ib. */
 	if (attr.attr_mask >= IBV_CQ_ATTR_RESERVED)

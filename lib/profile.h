@@ -94,6 +94,9 @@ public:
 	virtual uint64_t max_dm_size() const { return 0; }
 
 	static const Profile &get(ProfileKind kind);
+	/* Whether this is the profile of `kind`, for the few differences of
+	 * rxe not (yet) expressed as a hook above. */
+	bool is(ProfileKind kind) const { return this == &get(kind); }
 };
 
 } // namespace shmverbs

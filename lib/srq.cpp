@@ -49,11 +49,6 @@ static_assert(std::is_standard_layout_v<Xrcd> && offsetof(Xrcd, ibv) == 0,
 
 namespace {
 
-bool is_rxe(const Context &ctx)
-{
-	return ctx.device->profile == &Profile::get(ProfileKind::Rxe);
-}
-
 uint64_t new_domain_id()
 {
 	uint64_t id = 0;
@@ -335,10 +330,19 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 	if (int err = ctx.device->profile->size_srq(attr.attr.max_wr, attr.attr.max_sge, max_wr,
 						    max_sge))
 		return Err{err};
-	/* libibverbs' ibv_cmd_create_srq_ex() and the kernel's handle lookups. */
-	if (mask >= IBV_SRQ_INIT_ATTR_RESERVED)
-		return Err{EOPNOTSUPP};
-	if (!(mask & IBV_SRQ_INIT_ATTR_PD) || !attr.pd || to_context(attr.pd->context) != &ctx)
+	/* libibverbs' ibv_cmd_create_srq_ex() and the kernel's handle lookups.
+	 * libmlx5 creates a basic SRQ through ibv_create_srq()'s command
+	 * instead, which reads attr.pd and never comp_mask: neither unknown
+	 * bits nor a missing PD bit refuse it there. librxe sends every type
+	 * through ibv_cmd_create_srq_ex(). */
+	const bool rxe = ctx.device->profile->is(ProfileKind::Rxe);
+	if (type != IBV_SRQT_BASIC || rxe) {
+		if (mask >= IBV_SRQ_INIT_ATTR_RESERVED)
+			return Err{EOPNOTSUPP};
+		if (!(mask & IBV_SRQ_INIT_ATTR_PD))
+			return Err{EINVAL};
+	}
+	if (!attr.pd || to_context(attr.pd->context) != &ctx)
 		return Err{EINVAL};
 	Xrcd *xrcd = nullptr;
 	Cq *cq = nullptr;
@@ -355,7 +359,6 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 	/* rxe (rxe_srq_chk_attr) also refuses an empty SRQ and a limit
 	 * beyond the device's max_srq_wr, and keeps the initial limit;
 	 * mlx5_ib ignores srq_limit at creation. */
-	const bool rxe = is_rxe(ctx);
 	if (rxe && (attr.attr.max_wr == 0 ||
 		    attr.attr.srq_limit > uint32_t(ctx.device->device_attr().max_srq_wr)))
 		return Err{EINVAL};
@@ -426,7 +429,7 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 
 int modify_srq(Srq &srq, const struct ibv_srq_attr &attr, int attr_mask)
 {
-	const bool rxe = is_rxe(*srq.ctx);
+	const bool rxe = srq.ctx->device->profile->is(ProfileKind::Rxe);
 	const uint32_t device_max_wr = uint32_t(srq.ctx->device->device_attr().max_srq_wr);
 	std::lock_guard guard(srq.lock);
 

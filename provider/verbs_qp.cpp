@@ -52,7 +52,7 @@ constexpr uint32_t ece_vendor_mellanox = 0x15b3;
 
 bool is_rxe(struct ibv_qp *qp)
 {
-	return std::strcmp(Context::from(qp->context)->device->profile->name(), "rxe") == 0;
+	return Context::from(qp->context)->device->profile->is(ProfileKind::Rxe);
 }
 
 } // namespace

@@ -356,6 +356,29 @@ TEST_CASE("ibv_create_srq_ex validation", "[srq][xrc]")
 	REQUIRE(srq);
 	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(ext_cq)) == 0);
 	CHECK(ibv_destroy_srq(srq) == 0);
+
+	/* libmlx5 takes a basic SRQ through ibv_create_srq()'s command,
+	 * which reads the PD and never comp_mask (mlx5_create_srq_ex): no PD
+	 * bit, unknown bits, the type bit alone all create it. */
+	for (uint32_t mask : {0u, uint32_t(IBV_SRQ_INIT_ATTR_TYPE),
+			      uint32_t(IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+				       IBV_SRQ_INIT_ATTR_RESERVED)}) {
+		CAPTURE(mask);
+		struct ibv_srq_init_attr_ex m{};
+		m.attr.max_wr = 4;
+		m.attr.max_sge = 1;
+		m.comp_mask = mask;
+		m.srq_type = IBV_SRQT_BASIC;
+		m.pd = x.pd;
+		struct ibv_srq *s = ibv_create_srq_ex(d.ctx, &m);
+		REQUIRE(s);
+		CHECK(m.attr.max_wr == 7); /* rounded as any basic SRQ */
+		CHECK(ibv_destroy_srq(s) == 0);
+		m.pd = nullptr; /* still needed: libmlx5 would crash on it */
+		errno = 0;
+		CHECK(ibv_create_srq_ex(d.ctx, &m) == nullptr);
+		CHECK(errno == EINVAL);
+	}
 }
 
 TEST_CASE("what an SRQ uses cannot go first (EBUSY)", "[srq][destroy]")
@@ -442,6 +465,15 @@ TEST_CASE("rxe: SRQs resize, keep the initial limit, refuse an empty queue", "[.
 	CHECK(ibv_destroy_srq(srq) == 0);
 	errno = 0;
 	CHECK(basic_srq(pd, 0, 1) == nullptr);
+	CHECK(errno == EINVAL);
+	/* librxe sends a basic SRQ of ibv_create_srq_ex() through
+	 * ibv_cmd_create_srq_ex() too, which wants the PD bit. */
+	struct ibv_srq_init_attr_ex ex{};
+	ex.attr.max_wr = 4;
+	ex.attr.max_sge = 1;
+	ex.pd = pd;
+	errno = 0;
+	CHECK(ibv_create_srq_ex(d.ctx, &ex) == nullptr);
 	CHECK(errno == EINVAL);
 	CHECK(ibv_dealloc_pd(pd) == 0);
 }
