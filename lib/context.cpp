@@ -243,6 +243,20 @@ void AsyncEventCounter::wait_all_acked()
 	acked.wait(guard, [this] { return completed == reported; });
 }
 
+namespace {
+
+/* A ConnectX has one completion EQ per online CPU (mlx5_core asks for as
+ * many interrupt vectors, within the device's), rxe one vector per
+ * possible CPU: a CQ may name any of them. Nothing here depends on which. */
+int comp_vectors()
+{
+	constexpr long device_vectors = 64;
+	const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	return int(std::clamp(cpus, 1L, device_vectors));
+}
+
+} // namespace
+
 Result<Context> open_context(Device &dev)
 {
 	auto *ctx = new (std::nothrow) Context{};
@@ -251,7 +265,7 @@ Result<Context> open_context(Device &dev)
 	struct ibv_context &c = ctx->vctx.context;
 	c.device = &dev.ibv;
 	c.abi_compat = __VERBS_ABI_IS_EXTENDED;
-	c.num_comp_vectors = 1;
+	c.num_comp_vectors = comp_vectors();
 	ctx->vctx.sz = sizeof(ctx->vctx);
 	ctx->device = &dev;
 	pthread_mutex_init(&c.mutex, nullptr);

@@ -104,6 +104,20 @@ TEST_CASE("ibv_create_cq argument errors", "[cq]")
 	CHECK(errno == EINVAL);
 }
 
+TEST_CASE("a completion vector per online CPU, as mlx5_core's EQs", "[cq]")
+{
+	Device d;
+	const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	REQUIRE(cpus >= 1);
+	CHECK(d.ctx->num_comp_vectors == int(std::min(cpus, 64L)));
+	for (int v = 0; v < d.ctx->num_comp_vectors; v++) {
+		CAPTURE(v);
+		struct ibv_cq *cq = ibv_create_cq(d.ctx, 4, nullptr, nullptr, v);
+		REQUIRE(cq);
+		CHECK(ibv_destroy_cq(cq) == 0);
+	}
+}
+
 TEST_CASE("a channel of another context is not an fd of this one (EBADF)", "[cq][channel]")
 {
 	Device a, b;
@@ -150,7 +164,7 @@ TEST_CASE("ibv_create_cq_ex validation as libibverbs + libmlx5", "[cq][cq_ex]")
 
 	struct ibv_cq_init_attr_ex attr{};
 	attr.cqe = 16;
-	attr.comp_vector = 1;
+	attr.comp_vector = uint32_t(d.ctx->num_comp_vectors);
 	errno = 0;
 	CHECK(ibv_create_cq_ex(d.ctx, &attr) == nullptr);
 	CHECK(errno == EINVAL);
