@@ -181,12 +181,12 @@ int Context::get_async_event(struct ibv_async_event &event)
 	uint64_t token;
 	/* One read consumes one queued event (EFD_SEMAPHORE); it blocks or
 	 * fails with EAGAIN according to the O_NONBLOCK flag the application
-	 * may have set on async_fd. A token whose event was dropped (its
-	 * object was destroyed unread) is skipped. */
+	 * may have set on async_fd, and a signal interrupts it as it does the
+	 * read of the uverbs fd (EINTR, or restarted under SA_RESTART). A
+	 * token whose event was dropped (its object was destroyed unread) is
+	 * skipped. */
 	for (;;) {
 		ssize_t n = ::read(vctx.context.async_fd, &token, sizeof(token));
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n != sizeof(token))
 			return n < 0 ? errno : EIO;
 		std::lock_guard guard(event_lock);

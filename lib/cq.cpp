@@ -740,11 +740,23 @@ int get_cq_event(CompChannel &ch, Cq *&out)
 			return errno;
 		if (fl & O_NONBLOCK)
 			return EAGAIN;
-		struct pollfd p = {ch.ibv.fd, POLLIN, 0};
-		/* A token whose `fired` increment we cannot see yet is a
-		 * moment away: look again after a short sleep. */
-		if (::poll(&p, 1, readable(ch.ibv.fd) ? 1 : -1) < 0 && errno != EINTR)
+		if (readable(ch.ibv.fd)) {
+			/* A token whose `fired` increment we cannot see yet is
+			 * a moment away: look again after a short sleep. */
+			struct pollfd p = {ch.ibv.fd, POLLIN, 0};
+			::poll(&p, 1, 1);
+			continue;
+		}
+		/* Sleep in read(), as on the uverbs channel fd, not in poll():
+		 * a signal then interrupts the wait as it interrupts that read
+		 * (EINTR, unless its handler has SA_RESTART: the kernel
+		 * restarts the read), where poll() always fails. The token it
+		 * takes goes straight back for the locked look above (a
+		 * reader blocked there meanwhile gets it then). */
+		uint64_t token;
+		if (::read(ch.ibv.fd, &token, sizeof(token)) < 0)
 			return errno;
+		[[maybe_unused]] ssize_t n = ::write(ch.ibv.fd, &token, sizeof(token));
 	}
 }
 

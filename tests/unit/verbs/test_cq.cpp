@@ -7,12 +7,16 @@
 #include "cqsrq_helpers.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <thread>
 #include <vector>
@@ -552,6 +556,118 @@ TEST_CASE("ibv_get_cq_event blocks until a completion reaches an armed CQ", "[ch
 		CHECK(rc == 0);
 		CHECK(got == cq);
 		ibv_ack_cq_events(cq, 1);
+	}
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+namespace {
+
+void on_sigusr1(int) {}
+
+/* SIGUSR1 handled, with or without SA_RESTART, for the scope. */
+struct Sigusr1 {
+	struct sigaction old{};
+	explicit Sigusr1(bool restart)
+	{
+		struct sigaction sa{};
+		sa.sa_handler = on_sigusr1;
+		sa.sa_flags = restart ? SA_RESTART : 0;
+		sigemptyset(&sa.sa_mask);
+		REQUIRE(sigaction(SIGUSR1, &sa, &old) == 0);
+	}
+	~Sigusr1() { sigaction(SIGUSR1, &old, nullptr); }
+};
+
+/* A blocking call on a thread of its own, which a signal can be sent to. */
+struct BlockedCall {
+	std::atomic<bool> done{false};
+	int rc = 0, err = 0;
+	std::thread t;
+	explicit BlockedCall(std::function<int()> call)
+		: t([this, call] {
+			  rc = call();
+			  err = errno;
+			  done = true;
+		  })
+	{
+	}
+	bool returned_within(std::chrono::milliseconds ms)
+	{
+		const auto end = std::chrono::steady_clock::now() + ms;
+		while (!done && std::chrono::steady_clock::now() < end)
+			std::this_thread::sleep_for(1ms);
+		return done;
+	}
+	void signal() { REQUIRE(pthread_kill(t.native_handle(), SIGUSR1) == 0); }
+	/* One that never returns cannot be joined nor abandoned safely: it
+	 * ends the test binary (exit 1) after the failure was reported. */
+	~BlockedCall()
+	{
+		if (!returned_within(5000ms)) {
+			std::fprintf(stderr, "a blocked call never returned\n");
+			std::_Exit(1);
+		}
+		t.join();
+	}
+};
+
+} // namespace
+
+/* Both calls are a read() of a uverbs fd on a device: a signal whose
+ * handler has no SA_RESTART ends them with EINTR (harnesses break an
+ * event thread out that way), one with SA_RESTART does not. */
+TEST_CASE("a signal interrupts ibv_get_cq_event and ibv_get_async_event as read()", "[channel]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 1, nullptr, ch, 0);
+	REQUIRE(cq);
+	auto get_cq_event = [ch] {
+		struct ibv_cq *got = nullptr;
+		void *got_ctx = nullptr;
+		return ibv_get_cq_event(ch, &got, &got_ctx);
+	};
+	struct ibv_async_event ev{};
+	auto get_async_event = [&] { return ibv_get_async_event(d.ctx, &ev); };
+	struct ibv_wc wc = make_wc(1);
+	{
+		Sigusr1 handler(false);
+		for (auto call : {std::function<int()>(get_cq_event), std::function<int()>(get_async_event)}) {
+			BlockedCall c(call);
+			CHECK_FALSE(c.returned_within(100ms));
+			c.signal();
+			REQUIRE(c.returned_within(5000ms));
+			CHECK(c.rc == -1);
+			CHECK(c.err == EINTR);
+		}
+	}
+	{
+		Sigusr1 handler(true);
+		BlockedCall c(get_cq_event);
+		CHECK_FALSE(c.returned_within(100ms));
+		c.signal();
+		CHECK_FALSE(c.returned_within(200ms));
+		REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+		REQUIRE(c.returned_within(5000ms));
+		CHECK(c.rc == 0);
+		ibv_ack_cq_events(cq, 1);
+	}
+	{
+		Sigusr1 handler(true);
+		BlockedCall c(get_async_event);
+		CHECK_FALSE(c.returned_within(100ms));
+		c.signal();
+		CHECK_FALSE(c.returned_within(200ms));
+		/* An overrun of the 1-entry CQ (one completion queued) raises
+		 * IBV_EVENT_CQ_ERR. */
+		CHECK(shmverbs_inject_completion(cq, &wc, 0) == ENOSPC);
+		REQUIRE(c.returned_within(5000ms));
+		CHECK(c.rc == 0);
+		CHECK(ev.event_type == IBV_EVENT_CQ_ERR);
+		ibv_ack_async_event(&ev);
 	}
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_destroy_comp_channel(ch) == 0);
