@@ -606,14 +606,18 @@ void QpEngine::check_remote_errors()
 	uint32_t err = desc_->remote_error.load(std::memory_order_acquire);
 	if (err == shm::remote_error_none)
 		return;
-	if (qp_async_error(core_, IBV_QPS_ERR)) {
-		if (err == shm::remote_error_access)
-			post_qp_event(core_, IBV_EVENT_QP_ACCESS_ERR);
-		else if (err == shm::remote_error_cq)
-			post_qp_event(core_, IBV_EVENT_QP_FATAL);
-		else if (err == shm::remote_error_inv_req)
-			post_qp_event(core_, IBV_EVENT_QP_REQ_ERR);
-	}
+	/* The error's event first, then what entering ERR raises (an SRQ
+	 * QP's LAST_WQE_REACHED), as the device reports the fault before
+	 * the QP's last WQE: an application that destroys the QP on
+	 * LAST_WQE_REACHED has read why it failed. */
+	std::optional<enum ibv_event_type> cause;
+	if (err == shm::remote_error_access)
+		cause = IBV_EVENT_QP_ACCESS_ERR;
+	else if (err == shm::remote_error_cq)
+		cause = IBV_EVENT_QP_FATAL;
+	else if (err == shm::remote_error_inv_req)
+		cause = IBV_EVENT_QP_REQ_ERR;
+	qp_async_error(core_, IBV_QPS_ERR, cause);
 	desc_->remote_error.compare_exchange_strong(err, shm::remote_error_none);
 }
 

@@ -826,7 +826,7 @@ int detach_mcast(Qp &qp, const union ibv_gid &gid, uint16_t lid)
 	return 0;
 }
 
-bool qp_async_error(QpCore &core, enum ibv_qp_state to)
+bool qp_async_error(QpCore &core, enum ibv_qp_state to, std::optional<enum ibv_event_type> cause)
 {
 	std::lock_guard guard(core.lock);
 	enum ibv_qp_state from = core.state();
@@ -836,6 +836,8 @@ bool qp_async_error(QpCore &core, enum ibv_qp_state to)
 	 * to ERR: ERR stays (there is no way back from it but RESET). */
 	if (to == IBV_QPS_SQE && from == IBV_QPS_ERR)
 		return false;
+	if (cause)
+		post_event_locked(core, *cause);
 	enter_state(core, from, to);
 	return true;
 }

@@ -27,6 +27,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace shmverbs {
@@ -156,8 +157,11 @@ int detach_mcast(Qp &qp, const union ibv_gid &gid, uint16_t lid);
 
 /* For the data path: the QP met an error on its own and moves to SQE (an
  * unreliable send failed) or ERR, flushing as a modify would. Returns false
- * when the QP is in RESET (nothing to fail). */
-bool qp_async_error(QpCore &core, enum ibv_qp_state to);
+ * when the QP is in RESET (nothing to fail). `cause`: the async event that
+ * reports the error, if any, posted as the QP moves, before the events the
+ * move itself raises (an SRQ QP's LAST_WQE_REACHED follows the error). */
+bool qp_async_error(QpCore &core, enum ibv_qp_state to,
+		    std::optional<enum ibv_event_type> cause = std::nullopt);
 
 /* Posts an async event about the QP to each of its handles (as the kernel
  * does for shared XRC targets), except those being destroyed. Both take

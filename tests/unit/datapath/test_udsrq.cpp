@@ -543,6 +543,45 @@ TEST_CASE("a QP on an SRQ entering ERR reports LAST_WQE_REACHED and flushes no S
 	CHECK(recvs == 2);
 }
 
+/* The device reports the fault, then the QP's last WQE (IBA: Last WQE
+ * Reached follows the QP's entry into the Error state): an application
+ * that destroys the QP on LAST_WQE_REACHED has read why it failed. */
+TEST_CASE("a QP on an SRQ failed by its requester reports the error before LAST_WQE_REACHED",
+	  "[srq]")
+{
+	SrqPair p; /* the responders grant no remote access */
+	std::vector<uint64_t> target(4, 0);
+	struct ibv_mr *mr = ibv_reg_mr(p.d.pd, target.data(), 32,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(mr);
+	struct ibv_sge sge = p.d.sge(0, 8);
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 7;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.wr.rdma.remote_addr = uint64_t(uintptr_t(target.data()));
+	wr.wr.rdma.rkey = mr->rkey;
+	REQUIRE(ibv_post_send(p.s[0], &wr, &bad) == 0);
+	struct ibv_wc wc;
+	REQUIRE(poll_one(p.cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);
+	std::vector<enum ibv_event_type> seen;
+	for (int i = 0; i < 2; i++) {
+		struct pollfd pf = {p.d.ctx->async_fd, POLLIN, 0};
+		REQUIRE(poll(&pf, 1, 5000) == 1);
+		struct ibv_async_event ev;
+		REQUIRE(ibv_get_async_event(p.d.ctx, &ev) == 0);
+		CHECK(ev.element.qp == p.r[0]);
+		seen.push_back(ev.event_type);
+		ibv_ack_async_event(&ev);
+	}
+	CHECK(seen == std::vector<enum ibv_event_type>{IBV_EVENT_QP_ACCESS_ERR,
+						       IBV_EVENT_QP_LAST_WQE_REACHED});
+	CHECK(ibv_dereg_mr(mr) == 0);
+}
+
 /* ---- XRC ---- */
 
 /* ibv_alloc_null_mr(3) for a receive WQE taken from an SRQ: the SGE of the
