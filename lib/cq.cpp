@@ -202,6 +202,23 @@ void read_wc(const shm::CqEntry &e, struct ibv_wc &wc)
 		r->tail.store(e.src_qp, std::memory_order_release);
 }
 
+/* A receive completion handed out or dropped: its WQE's place goes back
+ * to QP `qp_num`'s receive queue (RqRoom), if this CQ tracks it. Under
+ * the CQ lock. */
+[[gnu::always_inline]] inline void give_back_wqe(Cq &cq, uint32_t qp_num)
+{
+	RqRoom *r = cq.rq_room_last;
+	if (!r || cq.rq_room_last_qpn != qp_num) [[unlikely]] {
+		auto it = cq.rq_rooms.find(qp_num);
+		if (it == cq.rq_rooms.end())
+			return;
+		r = it->second.get();
+		cq.rq_room_last = r;
+		cq.rq_room_last_qpn = qp_num;
+	}
+	r->give_back();
+}
+
 void read_entry(const shm::CqEntry &e, Completion &c)
 {
 	c = Completion{};
@@ -506,6 +523,8 @@ bool load_current(Cq &cq, bool continuing)
 		    c.timestamp_ns = e.timestamp_ns;
 		    if (e.opcode < IBV_WC_RECV)
 			    retire_send(cq, e, c.wc);
+		    else
+			    give_back_wqe(cq, e.qp_num);
 	    }) != 1)
 		return false;
 	cq.ibv.cq_ex.status = c.wc.status;
@@ -1073,27 +1092,6 @@ int destroy_cq(Cq &cq)
 	return 0;
 }
 
-namespace {
-
-/* A receive completion's RQ head (CqEntry::rq_head) to the watcher of its
- * QP, if the CQ has one (under cq.lock: one writer at a time). Release:
- * post_recv() reuses the slots below it, which the sender copied before
- * moving head (acquire above, in consume()). */
-void pass_rq_head(Cq &cq, uint32_t qp_num, uint64_t head)
-{
-	for (const std::shared_ptr<RqHeadSeen> &w : cq.rq_heads) {
-		if (!w)
-			return;
-		if (w->qp_num == qp_num) {
-			if (head > w->head.load(std::memory_order_relaxed))
-				w->head.store(head, std::memory_order_release);
-			return;
-		}
-	}
-}
-
-} // namespace
-
 int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 {
 	if (num_entries <= 0)
@@ -1113,28 +1111,21 @@ int poll_cq(Cq &cq, int num_entries, struct ibv_wc *wc)
 			       read_wc(e, wc[i]);
 			       if (e.opcode < IBV_WC_RECV)
 				       retire_send(cq, e, wc[i]);
-			       else if (e.rq_head && cq.rq_heads[0]) { /* never with timestamps */
-				       pass_rq_head(cq, e.qp_num, e.rq_head);
-			       }
+			       else
+				       give_back_wqe(cq, e.qp_num);
 		       });
 }
 
-std::shared_ptr<RqHeadSeen> cq_watch_rq(Cq &cq, uint32_t qp_num)
+void cq_track_rq(Cq &cq, uint32_t qp_num, std::shared_ptr<RqRoom> room)
 {
-	if (!cq.ring || cq.ring->timestamps) /* no ring: no completions to tell it */
-		return nullptr;
 	std::lock_guard guard(cq.lock);
-	/* A slot whose QP is gone (only the CQ holds it) is free again; the
-	 * watched stay first, so that the poller's look stops at the first
-	 * empty slot. */
-	auto free = std::find_if(cq.rq_heads.begin(), cq.rq_heads.end(), [](const auto &w) {
-		return !w || w.use_count() == 1;
-	});
-	if (free == cq.rq_heads.end())
-		return nullptr;
-	cq_clean(cq, qp_num); /* an earlier QP's of this number (recursive lock) */
-	*free = std::make_shared<RqHeadSeen>(qp_num);
-	return *free;
+	if (room)
+		cq_clean(cq, qp_num); /* an earlier QP's of this number (recursive lock) */
+	cq.rq_room_last = nullptr;
+	if (room)
+		cq.rq_rooms[qp_num] = std::move(room);
+	else
+		cq.rq_rooms.erase(qp_num);
 }
 
 SqWatch cq_watch_sq(Cq &cq, uint32_t qp_num, uint32_t tail)
@@ -1162,7 +1153,11 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 	if (cq.deferring.load(std::memory_order_acquire)) {
 		std::lock_guard deferred_guard(cq.deferred_lock);
 		dropped = int(std::erase_if(cq.deferred, [&](const Completion &c) {
-			return c.wc.qp_num == qp_num;
+			if (c.wc.qp_num != qp_num)
+				return false;
+			if (c.wc.opcode >= IBV_WC_RECV)
+				give_back_wqe(cq, qp_num);
+			return true;
 		}));
 	}
 	shm::CqRing &ring = *cq.ring;
@@ -1183,10 +1178,15 @@ int cq_clean(Cq &cq, uint32_t qp_num)
 			break;
 		Completion c;
 		read_entry(*e, c);
-		if (c.wc.qp_num != qp_num)
+		if (c.wc.qp_num != qp_num) {
 			kept.push_back(c);
-		else
-			removed++;
+			continue;
+		}
+		/* As mlx5_cq_clean, which frees the SRQ WQEs of those it drops
+		 * (a reset gives a QP's own RQ its whole room anyway). */
+		if (c.wc.opcode >= IBV_WC_RECV)
+			give_back_wqe(cq, qp_num);
+		removed++;
 	}
 	if (!removed)
 		return dropped;
@@ -1405,16 +1405,15 @@ int defer_send_completion(Cq &cq, uint64_t wr_id, enum ibv_wc_status status,
 int cq_ring_produce(CqTarget &target, const Completion &c, CqChannel channel,
 		    bool *overrun_now, uint64_t *cons_seen)
 {
-	/* A Completion gives no RQ head (CqEntry::rq_head; only the direct
-	 * SEND's PlainCompletion does): where that word is not the time it
-	 * reads 0, whatever timestamp the Completion carries (the injection
-	 * hook stamps every one). */
+	/* Where the entry's last word is not the time, it reads 0, whatever
+	 * timestamp the Completion carries (the injection hook stamps every
+	 * one). */
 	return cq_detail::produce(
 		target, counts_as_solicited(c), c.timestamp_ns != 0,
 		[&](shm::CqEntry &e) {
 			fill_entry(e, c);
 			if (!target.ring->timestamps)
-				e.rq_head = 0;
+				e.timestamp_ns = 0;
 		},
 		channel, overrun_now, cons_seen);
 }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 namespace shmverbs {
@@ -92,7 +93,6 @@ struct PlainCompletion {
 	bool solicited;
 	uint16_t slid = 0; /* UD */
 	uint8_t sl = 0;
-	uint64_t rq_head = 0; /* CqEntry::rq_head */
 	uint16_t pkey_index = 0; /* a send completion's: SqSeq::slot's high half */
 };
 
@@ -121,14 +121,28 @@ struct SqRetired {
 	std::atomic<uint32_t> tail{0};
 };
 
-/* How far the RQ of QP `qp_num` was consumed, as the receive completions
- * polled from its CQ tell (CqEntry::rq_head): a lower bound of the RQ's
- * head that the QP's post_recv() reads from private memory (lib/datapath.cpp).
- * Shared by the CQ and the QP's engine: either may go first. */
-struct RqHeadSeen {
-	explicit RqHeadSeen(uint32_t qpn) : qp_num(qpn) {}
-	const uint32_t qp_num;
-	std::atomic<uint64_t> head{0}; /* written by the poller, under the CQ lock */
+/* How many WQEs of a receive queue (a QP's RQ, or a basic SRQ) gave their
+ * place back: those whose receive completions a poll handed out or a CQ
+ * clean dropped, as libmlx5 moves a receive queue's tail when it polls a
+ * CQE (mlx5_post_recv and mlx5_post_srq_recv count room from it), plus
+ * where the count started (an RQ's tail when it was reset). Every counted
+ * completion is of a WQE a sender took, so the count never passes the
+ * queue's head: the owner's posts may reuse the places below it. Shared by
+ * the CQs that take the queue's completions and its owner; an RQ's only
+ * writers hold its one CQ's lock, an SRQ's QPs may complete into several
+ * CQs (`shared`: counted with an atomic add). */
+struct RqRoom {
+	RqRoom(uint64_t start, bool shared_by_cqs) : freed(start), shared(shared_by_cqs) {}
+	std::atomic<uint64_t> freed;
+	const bool shared;
+
+	void give_back()
+	{
+		if (shared)
+			freed.fetch_add(1, std::memory_order_release);
+		else
+			freed.store(freed.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+	}
 };
 
 enum class CqArm : uint8_t { None, Solicited, Next };
@@ -306,11 +320,12 @@ struct Cq {
 	/* Set by destroy (under channel->lock): no further events are queued. */
 	bool detached = false;
 
-	/* The QPs whose receive completions this CQ takes and whose RQ
-	 * heads its ibv_poll_cq() passes on (cq_watch_rq()); a few, under
-	 * `lock`. Not in CQs that report timestamps (the entry's last word
-	 * is the time there). */
-	std::array<std::shared_ptr<RqHeadSeen>, 4> rq_heads;
+	/* The receive queues of the QPs whose receive completions this CQ
+	 * takes, by QP number (cq_track_rq()), and the last one found: a
+	 * stream of one QP's completions looks nothing up. Under `lock`. */
+	std::unordered_map<uint32_t, std::shared_ptr<RqRoom>> rq_rooms;
+	RqRoom *rq_room_last = nullptr;
+	uint32_t rq_room_last_qpn = 0;
 	/* The QPs whose send completions this CQ takes (cq_watch_sq()), by
 	 * the slot their completions name; under `lock`. */
 	std::vector<std::shared_ptr<SqRetired>> sq_owners;
@@ -351,11 +366,11 @@ int req_notify_cq(Cq &cq, int solicited_only);
  * libmlx5's mlx5_cq_clean(); the others keep their order. Returns how many
  * were dropped. */
 int cq_clean(Cq &cq, uint32_t qp_num);
-/* Makes ibv_poll_cq() of `cq` pass on how far QP `qp_num`'s own RQ was
- * consumed (RqHeadSeen); nullptr where it will not (the CQ reports
- * timestamps, or watches as many QPs as it can). Completions of an earlier
- * QP of that number are dropped first: their heads are another RQ's. */
-std::shared_ptr<RqHeadSeen> cq_watch_rq(Cq &cq, uint32_t qp_num);
+/* Makes the polls (and cleans) of `cq` give QP `qp_num`'s receive WQEs
+ * back to `room` as they hand out (or drop) its receive completions;
+ * nullptr stops it. Completions of an earlier QP of that number still in
+ * the CQ are dropped first: they are another queue's. */
+void cq_track_rq(Cq &cq, uint32_t qp_num, std::shared_ptr<RqRoom> room);
 /* Makes the polls of `cq` retire QP `qp_num`'s send WRs as they hand out
  * its send completions: the record and the slot its completions name
  * (SqSeq). A slot whose QP is gone (only the CQ holds it) is reused. */

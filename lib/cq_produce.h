@@ -104,8 +104,8 @@ void report_overrun(Cq &cq);
 
 /* What fill_entry() (lib/cq.cpp) writes for the Completion a
  * PlainCompletion stands for, without building it; its last word is the
- * RQ head (0 where none is given), which produce() overwrites with the
- * time in a ring that reports timestamps. */
+ * time, 0 here, which produce() overwrites in a ring that reports
+ * timestamps. */
 inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
 {
 	e.wr_id = c.wr_id;
@@ -123,7 +123,7 @@ inline void fill_plain(shm::CqEntry &e, const PlainCompletion &c)
 	e.dlid_path_bits = 0;
 	e.solicited = c.solicited;
 	e.raised_event = 0;
-	e.rq_head = c.rq_head;
+	e.timestamp_ns = 0;
 }
 
 /* The producer's protocol; `fill(entry)` writes every field of a claimed
@@ -221,7 +221,7 @@ inline int deliver_send_completion(Cq &cq, CqTarget &target, uint64_t wr_id,
 	 * compiler stores the constants straight into the entry. */
 	const PlainCompletion c{wr_id,	     status,  opcode, byte_len,
 				0,	     qp_num,  sq.seq, wc_flags,
-				false,	     uint16_t(sq.slot >> 16), 0,	0,
+				false,	     uint16_t(sq.slot >> 16), 0,
 				uint16_t(sq.slot)};
 	bool overrun_now = false;
 	const int err = cq_detail::produce(

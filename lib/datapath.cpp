@@ -379,9 +379,14 @@ QpEngine::QpEngine(Qp &qp)
 			rq_->stride = rq_stride_;
 			rq_->magic = shm::rq_magic;
 			desc_->rq_off = rq_off_;
-			if (recv_cq_)
-				rq_polled_ = cq_watch_rq(*recv_cq_, qpn_);
+			if (recv_cq_ && recv_cq_->ring) {
+				rq_room_ = std::make_shared<RqRoom>(0, false);
+				cq_track_rq(*recv_cq_, qpn_, rq_room_);
+			}
 		}
+	} else if (qp.srq && qp.srq->room && recv_cq_ && recv_cq_->ring) {
+		/* Its receive completions give the SRQ's WQEs back. */
+		cq_track_rq(*recv_cq_, qpn_, qp.srq->room);
 	}
 	if (send_cq_) {
 		SqWatch w = cq_watch_sq(*send_cq_, qpn_);
@@ -534,6 +539,18 @@ void QpEngine::wait_for_senders()
 	 * (another thread's poll before the clean, an entry the clean could
 	 * not take yet) retires into the old count. */
 	renumber_sq(1);
+	/* The RQ's whole room back (reset() moved head to the tail): a new
+	 * count from the tail, installed after the CQ dropped the old life's
+	 * completions (cq_track_rq cleans first, under the CQ's lock), so
+	 * that none of them counts in it. */
+	if (rq_room_) {
+		const uint64_t tail = rq_->tail.load(std::memory_order_relaxed);
+		auto room = std::make_shared<RqRoom>(tail, false);
+		cq_track_rq(*recv_cq_, qpn_, room);
+		std::lock_guard guard(rq_lock_);
+		rq_room_ = std::move(room);
+		rq_freed_seen_ = tail;
+	}
 }
 
 void QpEngine::renumber_sq(uint32_t next)
@@ -659,16 +676,15 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 		char *slots = reinterpret_cast<char *>(rq_) + shm::rq_slots_offset;
 		for (; wr; wr = wr->next) {
 			uint64_t tail = rq_->tail.load(std::memory_order_relaxed);
-			/* Senders move head (another cache line, often another
-			 * process, just written by the SEND we are answering):
-			 * read it only when neither the copy we have nor what
-			 * the receive CQ's poller saw says there is room. */
-			if (tail - rq_head_seen_ >= core_.caps.created.max_recv_wr && rq_polled_)
-				rq_head_seen_ = std::max(rq_head_seen_,
-							 rq_polled_->head.load(std::memory_order_acquire));
-			if (tail - rq_head_seen_ >= core_.caps.created.max_recv_wr)
-				rq_head_seen_ = rq_->head.load(std::memory_order_acquire);
-			if (tail - rq_head_seen_ >= core_.caps.created.max_recv_wr) {
+			/* A WQE holds its place until its completion is polled
+			 * (libmlx5's mlx5_post_recv: the tail moves in
+			 * ibv_poll_cq), which the receive CQ counts (RqRoom),
+			 * a line of this process: never the head senders
+			 * move, unless the CQ has no ring to count in. */
+			if (tail - rq_freed_seen_ >= core_.caps.created.max_recv_wr)
+				rq_freed_seen_ = rq_room_ ? rq_room_->freed.load(std::memory_order_acquire)
+							  : rq_->head.load(std::memory_order_acquire);
+			if (tail - rq_freed_seen_ >= core_.caps.created.max_recv_wr) {
 				*bad_wr = wr;
 				return ENOMEM;
 			}
@@ -2098,8 +2114,7 @@ bool QpEngine::send_direct(enum ibv_wr_opcode opcode, unsigned int send_flags, u
 				 imm ? uint32_t(IBV_WC_WITH_IMM) : 0,
 				 bool(send_flags & IBV_SEND_SOLICITED),
 				 0,
-				 0,
-				 head + 1};
+				 0};
 	if (recv_cq_seen_.ring != target_.cq.ring)
 		recv_cq_seen_ = {target_.cq.ring, 0};
 	if (cq_ring_produce(target_.cq, rc,

@@ -864,10 +864,12 @@ private:
 	std::atomic<bool> sq_opened_{false};
 	struct ibv_qp_attr attr_{}; /* snapshot, under sq_lock_ */
 	SpinLock rq_lock_;          /* posting to our RQ */
-	uint64_t rq_head_seen_ = 0; /* rq_->head as last known, under rq_lock_ */
-	/* How far the RQ was consumed, as the receive CQ's poller saw it
-	 * (nullptr: that CQ does not tell). */
-	std::shared_ptr<RqHeadSeen> rq_polled_;
+	/* The RQ's places given back as last known, under rq_lock_: WQEs
+	 * whose completions the receive CQ's polls handed out (rq_room_), as
+	 * libmlx5 counts a receive queue's room, or without a ring to count
+	 * them in, those senders took (rq_->head). */
+	uint64_t rq_freed_seen_ = 0;
+	std::shared_ptr<RqRoom> rq_room_; /* replaced under rq_lock_ at a reset */
 
 	/* The send queue's occupancy as libmlx5 counts it: WRs accepted
 	 * (sq_posted_, each numbered by it; written under sq_lock_, read by

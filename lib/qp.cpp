@@ -783,6 +783,10 @@ int destroy_qp(Qp &qp)
 		 * number of a QP that is gone, which may be reused. Before the
 		 * number is free and the CQs' uses are let go. */
 		clean_cqs(qp, qp_num);
+		/* After the clean, which gave an SRQ the WQEs of the
+		 * completions it dropped (mlx5_cq_clean). */
+		if (qp.recv_cq)
+			cq_track_rq(*qp.recv_cq, qp_num, nullptr);
 		release_id(device, IdKind::Qp, qp_num);
 	}
 	release_uses(qp);

@@ -25,7 +25,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 9;
+constexpr uint32_t shm_version = 10;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -238,18 +238,10 @@ struct CqEntry {
 	/* 1: this entry raised the CQ's completion event (its producer
 	 * disarmed the CQ before publishing it; see CqRing). */
 	uint8_t raised_event;
-	union {
-		/* CLOCK_MONOTONIC ns; meaningful only in rings whose CQ
-		 * reports completion timestamps (CqRing::timestamps), the
-		 * only ones whose producers are bound to write it. */
-		uint64_t timestamp_ns;
-		/* Elsewhere, in a receive completion from the QP's own RQ:
-		 * that RQ's head just after this WQE was taken (its index +
-		 * 1), which the owner's post_recv() then needs not read from
-		 * the RQ's line, the one the sender just wrote (Cq::rq_heads).
-		 * 0: not given. */
-		uint64_t rq_head;
-	};
+	/* CLOCK_MONOTONIC ns; meaningful only in rings whose CQ reports
+	 * completion timestamps (CqRing::timestamps), the only ones whose
+	 * producers are bound to write it; 0 elsewhere. */
+	uint64_t timestamp_ns;
 };
 /* One cache line per completion: a producer and the consumer exchange
  * exactly one line per entry (slots start 64-byte aligned). */

@@ -382,6 +382,8 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 		return Err{ENOMEM};
 	}
 	srq->huge = huge;
+	if (type == IBV_SRQT_BASIC)
+		srq->room = std::make_shared<RqRoom>(0, true);
 	srq->srq_num = allocate_id(*ctx.device, IdKind::Srq);
 	if (!srq->srq_num) {
 		ctx.huge_chunks.give_back(srq->huge);

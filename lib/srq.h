@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 
 namespace shmverbs {
@@ -79,6 +80,10 @@ struct Srq {
 	 * it still is armed (srq_ring_limit). */
 	uint32_t srq_limit;
 	SrqRing *ring; /* the receive ring in shared memory (lib/srq_ring.h) */
+	/* A basic SRQ's WQEs given back by the polls of its QPs' receive
+	 * completions (libmlx5's mlx5_post_srq_recv counts room from them);
+	 * none for an XRC SRQ, whose room is what senders left. */
+	std::shared_ptr<RqRoom> room;
 	HugeChunks::Lease huge; /* MLX_SRQ_ALLOC_TYPE's (lib/huge_pages.h) */
 
 	struct ibv_srq *abi() { return &ibv; }

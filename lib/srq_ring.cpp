@@ -196,8 +196,13 @@ int post_srq_recv(Srq &srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 			return EINVAL;
 		}
 		uint64_t tail = rq->tail.load(std::memory_order_relaxed);
-		uint64_t head = rq->head.load(std::memory_order_acquire);
-		if (tail - head >= max_wr) {
+		/* A WQE holds its place until its completion is polled
+		 * (mlx5_post_srq_recv), which the QPs' CQs count (a basic
+		 * SRQ's room); never past what senders took. */
+		uint64_t freed = rq->head.load(std::memory_order_acquire);
+		if (srq.room)
+			freed = std::min(freed, srq.room->freed.load(std::memory_order_acquire));
+		if (tail - freed >= max_wr) {
 			*bad_wr = wr;
 			return ENOMEM;
 		}

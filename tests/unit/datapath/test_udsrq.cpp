@@ -582,6 +582,100 @@ TEST_CASE("a QP on an SRQ failed by its requester reports the error before LAST_
 	CHECK(ibv_dereg_mr(mr) == 0);
 }
 
+/* libmlx5 frees a receive queue's place when it polls the WQE's CQE
+ * (mlx5_post_recv, mlx5_post_srq_recv: the tail moves in ibv_poll_cq),
+ * not when a sender takes the WQE. */
+TEST_CASE("a receive WQE holds its place until its completion is polled", "[rq][srq]")
+{
+	Dev d;
+	struct ibv_cq *scq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+	struct ibv_cq *rcq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+	REQUIRE((scq && rcq));
+	struct ibv_qp_init_attr a{};
+	a.send_cq = scq;
+	a.recv_cq = rcq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = 16;
+	a.cap.max_recv_wr = 4;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	struct ibv_qp *r = ibv_create_qp(d.pd, &a);
+	REQUIRE(r);
+	const uint32_t depth = a.cap.max_recv_wr;
+	struct ibv_qp *s = make_qp(d, scq, IBV_QPT_RC);
+	REQUIRE(s);
+	REQUIRE(to_rts(r, IBV_QPT_RC, s->qp_num, d.port.lid) == 0);
+	REQUIRE(to_rts(s, IBV_QPT_RC, r->qp_num, d.port.lid) == 0);
+	struct ibv_wc wc;
+	auto fill = [&] {
+		for (uint32_t i = 0; i < depth; i++)
+			REQUIRE(post_rq(r, d.sge(1024 + 64 * i, 64), 100 + i) == 0);
+		CHECK(post_rq(r, d.sge(1024, 64), 99) == ENOMEM);
+	};
+	fill();
+	REQUIRE(send(s, d.sge(0, 8), 1) == 0);
+	REQUIRE(poll_one(scq, wc) == 1); /* the receiver took a WQE */
+	REQUIRE(wc.status == IBV_WC_SUCCESS);
+	CHECK(post_rq(r, d.sge(1024, 64), 99) == ENOMEM);
+	REQUIRE(poll_one(rcq, wc) == 1);
+	CHECK(wc.opcode == IBV_WC_RECV);
+	CHECK(post_rq(r, d.sge(1024, 64), 99) == 0);
+	CHECK(post_rq(r, d.sge(1024, 64), 99) == ENOMEM);
+
+	/* Flushed WQEs hold theirs until their completions are polled too. */
+	struct ibv_qp_attr qa{};
+	qa.qp_state = IBV_QPS_ERR;
+	REQUIRE(ibv_modify_qp(r, &qa, IBV_QP_STATE) == 0);
+	CHECK(post_rq(r, d.sge(1024, 64), 99) == ENOMEM);
+	for (uint32_t i = 0; i < depth; i++) {
+		REQUIRE(poll_one(rcq, wc) == 1);
+		CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+	}
+	/* In ERR a WQE is flushed as it is posted: polling it frees it. */
+	CHECK(post_rq(r, d.sge(1024, 64), 98) == 0);
+	/* A reset gives the whole queue back, its completion unpolled. */
+	qa.qp_state = IBV_QPS_RESET;
+	REQUIRE(ibv_modify_qp(r, &qa, IBV_QP_STATE) == 0);
+	REQUIRE(to_rts(r, IBV_QPT_RC, s->qp_num, d.port.lid) == 0);
+	CHECK(poll_one(rcq, wc, 50) == 0);
+	fill();
+
+	/* A basic SRQ counts the same. */
+	struct ibv_srq *srq = make_srq(d, 4);
+	REQUIRE(srq);
+	struct ibv_srq_attr sq{};
+	REQUIRE(ibv_query_srq(srq, &sq) == 0);
+	struct ibv_qp *rs = make_qp(d, rcq, IBV_QPT_RC, srq);
+	struct ibv_qp *ss = make_qp(d, scq, IBV_QPT_RC);
+	REQUIRE((rs && ss));
+	REQUIRE(to_rts(rs, IBV_QPT_RC, ss->qp_num, d.port.lid) == 0);
+	REQUIRE(to_rts(ss, IBV_QPT_RC, rs->qp_num, d.port.lid) == 0);
+	for (uint32_t i = 0; i < sq.max_wr; i++)
+		REQUIRE(post_srq(srq, d.sge(2048 + 64 * (i % 8), 64), 200 + i) == 0);
+	CHECK(post_srq(srq, d.sge(2048, 64), 299) == ENOMEM);
+	REQUIRE(send(ss, d.sge(0, 8), 2) == 0);
+	REQUIRE(poll_one(scq, wc) == 1);
+	REQUIRE(wc.status == IBV_WC_SUCCESS);
+	CHECK(post_srq(srq, d.sge(2048, 64), 299) == ENOMEM);
+	REQUIRE(poll_one(rcq, wc) == 1);
+	CHECK(wc.qp_num == rs->qp_num);
+	CHECK(post_srq(srq, d.sge(2048, 64), 299) == 0);
+	CHECK(post_srq(srq, d.sge(2048, 64), 299) == ENOMEM);
+	/* A QP destroyed with a completion unpolled gives its WQE back
+	 * (mlx5_cq_clean). */
+	REQUIRE(send(ss, d.sge(0, 8), 3) == 0);
+	REQUIRE(poll_one(scq, wc) == 1);
+	CHECK(post_srq(srq, d.sge(2048, 64), 299) == ENOMEM);
+	CHECK(ibv_destroy_qp(rs) == 0);
+	CHECK(post_srq(srq, d.sge(2048, 64), 299) == 0);
+
+	CHECK(ibv_destroy_qp(ss) == 0);
+	CHECK(ibv_destroy_srq(srq) == 0);
+	CHECK(ibv_destroy_qp(s) == 0);
+	CHECK(ibv_destroy_qp(r) == 0);
+	CHECK(ibv_destroy_cq(rcq) == 0);
+	CHECK(ibv_destroy_cq(scq) == 0);
+}
+
 /* ---- XRC ---- */
 
 /* ibv_alloc_null_mr(3) for a receive WQE taken from an SRQ: the SGE of the
