@@ -451,7 +451,9 @@ bool disarm(shm::CqRing &ring, bool solicited)
 		return false;
 	if (!ring.arm.compare_exchange_strong(arm, shm::cq_arm_none, std::memory_order_seq_cst))
 		return false;
-	ring.fired.fetch_add(1, std::memory_order_seq_cst);
+	const uint64_t k = ring.fired.load(std::memory_order_relaxed);
+	ring.fired_ns[k % 4].store(cq_detail::monotonic_ns(), std::memory_order_relaxed);
+	ring.fired.fetch_add(1, std::memory_order_seq_cst); /* after the time */
 	return true;
 }
 
@@ -728,19 +730,32 @@ int get_cq_event(CompChannel &ch, Cq *&out)
 			/* Only token readers consume tokens, all under this
 			 * lock: a token seen here is still there for read(). */
 			if (readable(ch.ibv.fd)) {
+				/* The oldest event first, whichever CQ it is of
+				 * (uverbs queues a channel's events in one list):
+				 * each CQ's next one by the time it fired. Over 4
+				 * waiting on one CQ, its next one's time is gone:
+				 * it counts as the oldest. */
+				uint64_t oldest = UINT64_MAX;
 				for (Cq *cq : ch.cqs) {
-					if (cq->ring->fired.load(std::memory_order_acquire) <=
-					    cq->events_taken.load(std::memory_order_relaxed))
+					const uint64_t fired = cq->ring->fired.load(std::memory_order_acquire);
+					const uint64_t next = cq->events_taken.load(std::memory_order_relaxed);
+					if (fired <= next)
 						continue;
+					const uint64_t at = fired - next > 4 ? 0
+						: cq->ring->fired_ns[next % 4].load(std::memory_order_relaxed);
+					if (!taken || at < oldest) {
+						taken = cq;
+						oldest = at;
+					}
+				}
+				if (taken) {
 					uint64_t token;
 					[[maybe_unused]] ssize_t n =
 						::read(ch.ibv.fd, &token, sizeof(token));
-					cq->events_taken.fetch_add(1, std::memory_order_relaxed);
-					pthread_mutex_lock(&cq->ibv.cq.mutex);
-					cq->comp_events_reported++;
-					pthread_mutex_unlock(&cq->ibv.cq.mutex);
-					taken = cq;
-					break;
+					taken->events_taken.fetch_add(1, std::memory_order_relaxed);
+					pthread_mutex_lock(&taken->ibv.cq.mutex);
+					taken->comp_events_reported++;
+					pthread_mutex_unlock(&taken->ibv.cq.mutex);
 				}
 			}
 			/* Under the lock: a resize moves the ring under it. */

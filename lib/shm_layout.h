@@ -367,6 +367,11 @@ struct CqRing {
 	 * ring is full (cq_ring_produce's cons_seen). */
 	alignas(64) std::atomic<uint64_t> prod;
 	alignas(64) std::atomic<uint64_t> cons;
+	/* When the CQ's recent events fired (CLOCK_MONOTONIC ns), event k
+	 * at [k % 4], written by the producer that fires it before it bumps
+	 * `fired`: the channel hands out the oldest first across its CQs,
+	 * as the uverbs channel's event list does. */
+	alignas(64) std::atomic<uint64_t> fired_ns[4];
 	/* the first slot array follows at cq_slots_offset */
 };
 static_assert(sizeof(CqRing) <= 256);

@@ -673,6 +673,43 @@ TEST_CASE("a signal interrupts ibv_get_cq_event and ibv_get_async_event as read(
 	CHECK(ibv_destroy_comp_channel(ch) == 0);
 }
 
+/* uverbs queues a channel's completion events in one list: they come out
+ * in the order they fired, whichever CQ they are of (a CQ made first
+ * never starves the others). */
+TEST_CASE("a channel's events come out in the order they fired, across its CQs", "[channel]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *a = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+	struct ibv_cq *b = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+	REQUIRE((a && b));
+	struct ibv_wc wc = make_wc(1);
+	auto fire = [&](struct ibv_cq *cq) {
+		REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+	};
+	auto next_event = [&] {
+		struct ibv_cq *got = nullptr;
+		void *got_ctx = nullptr;
+		REQUIRE(ibv_get_cq_event(ch, &got, &got_ctx) == 0);
+		ibv_ack_cq_events(got, 1);
+		return got;
+	};
+	fire(b);
+	fire(a);
+	fire(b); /* b's second, after a's */
+	CHECK(next_event() == b);
+	CHECK(next_event() == a);
+	CHECK(next_event() == b);
+	struct ibv_wc out[4];
+	CHECK(ibv_poll_cq(a, 4, out) == 1);
+	CHECK(ibv_poll_cq(b, 4, out) == 2);
+	CHECK(ibv_destroy_cq(a) == 0);
+	CHECK(ibv_destroy_cq(b) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
 TEST_CASE("solicited-only arming wakes on solicited and failed completions", "[channel]")
 {
 	Device d;
