@@ -47,7 +47,9 @@ inline Owner owner_of(const ObjectSet &set)
 		return owner_of(o.ah.in);
 	if (set.types & MLX5DV_OBJ_PD)
 		return owner_of(o.pd.in);
-	return Owner::Foreign; /* nothing selected: the real library's answer */
+	/* Nothing selected: EINVAL whatever the device (libmlx5's
+	 * get_context_from_obj() finds no context). */
+	return Owner::Null;
 }
 
 } // namespace shmverbs::dv
@@ -467,9 +469,24 @@ SHMV_DV("MLX5_1.20", void, mlx5dv_dr_domain_allow_duplicate_rules,
 SHMV_DV("MLX5_1.20", int, mlx5dv_map_ah_to_qp,
 	(struct ibv_ah *ah, uint32_t qp_num),
 	(ah, qp_num), ah)
-SHMV_DV("MLX5_1.20", int, mlx5dv_qp_cancel_posted_send_wrs,
-	(struct mlx5dv_qp_ex *mqp, uint64_t wr_id),
-	(mqp, wr_id), mqp)
+
+/* The number of WRs cancelled, or -errno (mlx5dv_qp_cancel_posted_send_wrs(3)):
+ * a positive errno would read as a count. */
+SHMV_DV_EXPORT int mlx5dv_qp_cancel_posted_send_wrs(struct mlx5dv_qp_ex *mqp, uint64_t wr_id)
+{
+	using namespace shmverbs::dv;
+	switch (owner_of(mqp)) {
+	case Owner::Null:
+		return -EINVAL;
+	case Owner::Foreign:
+		if (auto real = SHMV_DV_NEXT(mlx5dv_qp_cancel_posted_send_wrs, "MLX5_1.20"))
+			return real(mqp, wr_id);
+		break;
+	case Owner::Ours:
+		break;
+	}
+	return -EOPNOTSUPP;
+}
 
 /* MLX5_1.21 */
 SHMV_DV("MLX5_1.21", int, mlx5dv_crypto_login,

@@ -78,12 +78,17 @@ TEST_CASE("mlx5dv: objects of the emulated device", "[dv][mlx5]")
 	obj.pd.out = &dv_pd;
 	CHECK(mlx5dv_init_obj(&obj, MLX5DV_OBJ_PD) == EOPNOTSUPP);
 	CHECK(mlx5dv_init_obj(nullptr, MLX5DV_OBJ_PD) == EINVAL);
+	/* No object type selected: EINVAL whatever the device (libmlx5's
+	 * get_context_from_obj). */
+	CHECK(mlx5dv_init_obj(&obj, 0) == EINVAL);
+	CHECK(mlx5dv_init_obj(&obj, 1ull << 20) == EINVAL);
 	/* The MLX5_1.0 variant of mlx5dv_init_obj is a separate entry. */
 	using InitObj = int (*)(struct mlx5dv_obj *, uint64_t);
 	auto init_obj_1_0 =
 		reinterpret_cast<InitObj>(dlvsym(RTLD_DEFAULT, "mlx5dv_init_obj", "MLX5_1.0"));
 	REQUIRE(init_obj_1_0);
 	CHECK(init_obj_1_0(&obj, MLX5DV_OBJ_PD) == EOPNOTSUPP);
+	CHECK(init_obj_1_0(&obj, 0) == EINVAL);
 
 	struct mlx5dv_mkey_init_attr mkey_attr {};
 	mkey_attr.pd = pd;
@@ -108,6 +113,8 @@ TEST_CASE("mlx5dv: provider-private objects without a real libmlx5", "[dv][mlx5]
 	CHECK(mlx5dv_dr_action_create_tag(1) == nullptr);
 	CHECK(errno == EOPNOTSUPP);
 	CHECK(mlx5dv_dr_domain_destroy(nullptr) == EINVAL);
+	/* A count or -errno: never a positive errno posing as a count. */
+	CHECK(mlx5dv_qp_cancel_posted_send_wrs(nullptr, 7) == -EINVAL);
 	errno = 0;
 	CHECK(mlx5dv_devx_get_event(nullptr, nullptr, 0) == -1);
 	CHECK(errno == EINVAL);
