@@ -49,6 +49,7 @@ using namespace dp;
 namespace {
 
 constexpr uint64_t grh_bytes = 40;
+constexpr uint32_t multicast_qpn = 0xffffff; /* DestQP of a multicast packet */
 
 bool is_v4_mapped(const union ibv_gid &g)
 {
@@ -656,6 +657,11 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 		return Outcome::Done;
 	}
 
+	/* A multicast packet's DestQP is 0xFFFFFF in the IBA, and rxe
+	 * takes a packet as multicast only so: another QP number to a
+	 * group reaches nobody, dropped as a UD send to no QP is. */
+	if (wr.remote_qpn != multicast_qpn)
+		return Outcome::Done;
 	/* Multicast: every member of the group, each resolved afresh (the
 	 * listing is a directory read anyway), holding nothing across WRs. */
 	const bool block_self = core_.create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;

@@ -1251,6 +1251,18 @@ TEST_CASE("UD multicast reaches every attached QP, in this process and another",
 	CHECK(got_a == 0); /* the sender is not attached: no loopback */
 	peer.send("check");
 	CHECK(peer.line() == "got 1 mcast\n");
+	/* A multicast packet's DestQP is 0xFFFFFF: another QP number, the
+	 * member's own included, reaches nobody (the sender's completion is
+	 * a success, as for any UD send that finds no QP). */
+	REQUIRE(post_rq(p.b, p.d.sge(4096, 256), 3) == 0);
+	for (uint32_t qpn : {p.b->qp_num, 5u}) {
+		CAPTURE(qpn);
+		REQUIRE(send(p.a, p.d.sge(0, 5), 11, ah, qpn) == 0);
+		REQUIRE(poll_one(p.cq, wc) == 1);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.opcode == IBV_WC_SEND);
+		CHECK(poll_one(p.cq, wc, 100) == 0);
+	}
 	REQUIRE(ibv_detach_mcast(p.b, &mgid, mcast_lid(7)) == 0);
 	ibv_destroy_ah(ah);
 }
