@@ -2,6 +2,7 @@
 #include "bounce.h"
 #include "cma.h"
 #include "log.h"
+#include "tsan.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -44,32 +45,7 @@ void futex_wake(std::atomic<uint32_t> *w, int n)
  * its view (reads, writes, and the atomics of fetch-and-add and
  * compare-and-swap); the helper's own state stays in it.
  */
-#if defined(__SANITIZE_THREAD__)
-extern "C" {
-void AnnotateIgnoreReadsBegin(const char *file, int line);
-void AnnotateIgnoreReadsEnd(const char *file, int line);
-void AnnotateIgnoreWritesBegin(const char *file, int line);
-void AnnotateIgnoreWritesEnd(const char *file, int line);
-void AnnotateIgnoreSyncBegin(const char *file, int line);
-void AnnotateIgnoreSyncEnd(const char *file, int line);
-}
-struct AsDeviceAccess {
-	AsDeviceAccess()
-	{
-		AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
-		AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
-		AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
-	}
-	~AsDeviceAccess()
-	{
-		AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
-		AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
-		AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
-	}
-};
-#else
-struct AsDeviceAccess {};
-#endif
+using AsDeviceAccess = TsanIgnoreAll;
 
 uint64_t now_ns()
 {

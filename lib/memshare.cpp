@@ -13,6 +13,7 @@
 #include "memshare.h"
 #include "cma.h"
 #include "log.h"
+#include "tsan.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -616,6 +617,11 @@ int switch_in(State &st, const std::vector<Piece> &pieces)
 	if (!err)
 		err = copy_into_file(st.fd, st.pagemap_fd, s, e);
 	if (!err) {
+		/* The same contents under another mapping, not a store of the
+		 * program's: TSan would take each mmap for a write to every
+		 * object on these pages (heap neighbours of the buffer that
+		 * other threads read) and report those reads as races. */
+		[[maybe_unused]] TsanIgnoreAccesses same_contents;
 		for (; mapped_n < pieces.size(); mapped_n++) {
 			const Piece &p = pieces[mapped_n];
 			void *r = mmap(reinterpret_cast<void *>(p.start), p.end - p.start, p.prot,
@@ -661,6 +667,7 @@ int switch_out(State &st, const std::vector<Piece> &pieces)
 				err = errno;
 	}
 	if (!err) {
+		[[maybe_unused]] TsanIgnoreAccesses same_contents; /* as in switch_in() */
 		for (; moved_n < pieces.size(); moved_n++) {
 			const Piece &p = pieces[moved_n];
 			void *r = mremap(tmp + (p.start - s), p.end - p.start, p.end - p.start,

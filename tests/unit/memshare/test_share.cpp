@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -94,6 +95,53 @@ TEST_CASE("share switches pages to the memory file and keeps their contents", "[
 	w.reset();
 	forget_peer(memory_file_fd());
 	munmap(buf, 4 * kPage);
+}
+
+/* A page switched in and out keeps the objects beside the buffer, which
+ * other threads go on reading: the new mappings are not stores of the
+ * program's. Under ThreadSanitizer this fails with a report unless the
+ * switch keeps its mmap()s out of TSan's view (its interceptor takes an
+ * mmap over memory for a write to all of it; a QP's CQ on the page of a
+ * buffer that pyverbs re-registered was reported so). */
+TEST_CASE("objects sharing a page with a registered buffer are read on across the switch",
+	  "[memshare][threads]")
+{
+	char *page = map_anon(kPage);
+	REQUIRE(page);
+	auto *neighbour = reinterpret_cast<volatile long *>(page);
+	*neighbour = 42; /* written before the reader starts: ordered with it */
+	std::mutex m;
+	std::atomic<bool> stop{false};
+	std::atomic<int> reads{0};
+	std::atomic<long> seen{42};
+	std::thread reader([&] {
+		while (!stop.load(std::memory_order_relaxed)) {
+			std::lock_guard guard(m);
+			seen.store(*neighbour, std::memory_order_relaxed);
+			if (seen.load(std::memory_order_relaxed) != 42)
+				break;
+			reads.fetch_add(1, std::memory_order_relaxed);
+		}
+	});
+	auto read_some = [&] {
+		/* Nothing orders our switch with the reader's next reads: the
+		 * mutex is the reader's alone from here on. */
+		const int from = reads.load(std::memory_order_relaxed);
+		while (reads.load(std::memory_order_relaxed) < from + 100 &&
+		       seen.load(std::memory_order_relaxed) == 42)
+			std::this_thread::yield();
+	};
+	read_some();
+	REQUIRE(share(page + 256, 100) == Path::shared);
+	CHECK(page_is_shared(page));
+	read_some();
+	unshare(page + 256, 100);
+	read_some();
+	stop = true;
+	reader.join();
+	CHECK(seen == 42);
+	CHECK(*neighbour == 42);
+	munmap(page, kPage);
 }
 
 TEST_CASE("never-touched pages stay holes in the memory file", "[memshare]")
