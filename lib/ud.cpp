@@ -662,6 +662,12 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 	 * group reaches nobody, dropped as a UD send to no QP is. */
 	if (wr.remote_qpn != multicast_qpn)
 		return Outcome::Done;
+	/* A group is found by its MGID, which only a global AH carries
+	 * (libmlx5 copies the GID only then; rxe drops multicast without a
+	 * GRH): an IB AH to a multicast LID without it reaches nobody,
+	 * whatever its unused grh.dgid holds. */
+	if (!eth && !ah.is_global)
+		return Outcome::Done;
 	/* Multicast: every member of the group, each resolved afresh (the
 	 * listing is a directory read anyway), holding nothing across WRs. */
 	const bool block_self = core_.create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;

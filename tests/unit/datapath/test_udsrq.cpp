@@ -1263,6 +1263,21 @@ TEST_CASE("UD multicast reaches every attached QP, in this process and another",
 		CHECK(wc.opcode == IBV_WC_SEND);
 		CHECK(poll_one(p.cq, wc, 100) == 0);
 	}
+	/* Nor does an AH to the group's LID that is not global: the group is
+	 * found by its MGID, which only a GRH carries (the unused grh.dgid
+	 * below names the group all the same). */
+	struct ibv_ah_attr local{};
+	local.dlid = mcast_lid(7);
+	local.port_num = 1;
+	local.grh.dgid = mgid;
+	struct ibv_ah *no_grh = ibv_create_ah(p.d.pd, &local);
+	REQUIRE(no_grh);
+	REQUIRE(send(p.a, p.d.sge(0, 5), 12, no_grh, 0xffffff) == 0);
+	REQUIRE(poll_one(p.cq, wc) == 1);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.opcode == IBV_WC_SEND);
+	CHECK(poll_one(p.cq, wc, 100) == 0);
+	ibv_destroy_ah(no_grh);
 	REQUIRE(ibv_detach_mcast(p.b, &mgid, mcast_lid(7)) == 0);
 	ibv_destroy_ah(ah);
 }
