@@ -381,6 +381,7 @@ QpEngine::QpEngine(Qp &qp)
 			desc_->rq_off = rq_off_;
 			if (recv_cq_ && recv_cq_->ring) {
 				rq_room_ = std::make_shared<RqRoom>(0, false);
+				rq_counted_ = true;
 				cq_track_rq(*recv_cq_, qpn_, rq_room_);
 			}
 		}
@@ -543,7 +544,7 @@ void QpEngine::wait_for_senders()
 	 * count from the tail, installed after the CQ dropped the old life's
 	 * completions (cq_track_rq cleans first, under the CQ's lock), so
 	 * that none of them counts in it. */
-	if (rq_room_) {
+	if (rq_counted_) {
 		const uint64_t tail = rq_->tail.load(std::memory_order_relaxed);
 		auto room = std::make_shared<RqRoom>(tail, false);
 		cq_track_rq(*recv_cq_, qpn_, room);

@@ -870,6 +870,7 @@ private:
 	 * them in, those senders took (rq_->head). */
 	uint64_t rq_freed_seen_ = 0;
 	std::shared_ptr<RqRoom> rq_room_; /* replaced under rq_lock_ at a reset */
+	bool rq_counted_ = false; /* rq_room_ is set: fixed at creation */
 
 	/* The send queue's occupancy as libmlx5 counts it: WRs accepted
 	 * (sq_posted_, each numbered by it; written under sq_lock_, read by
