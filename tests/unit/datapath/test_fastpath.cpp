@@ -272,11 +272,10 @@ TEST_CASE("fast path: a sender's copy of the consumer index never hides room or 
 	CHECK(cq_err(2000));
 }
 
-/* A QP's post_recv() learns how far its RQ was consumed from the receive
- * completions polled (lib/cq.h cq_watch_rq()) before it reads the RQ's
- * head: what it learns must never make room that is not there. An RC SEND
- * of the direct path tells the head; a UD one does not (post_recv reads
- * it): both refill exactly. */
+/* A QP's post_recv() counts its RQ's room from the receive completions
+ * polled (lib/cq.h cq_track_rq()), never from the RQ's head: what it
+ * counts must never make room that is not there. RC SENDs of the direct
+ * path and UD ones: both refill exactly. */
 TEST_CASE("fast path: a full RQ takes back exactly the receives polled, lap after lap",
 	  "[fastpath][rq]")
 {
