@@ -673,6 +673,47 @@ TEST_CASE("a signal interrupts ibv_get_cq_event and ibv_get_async_event as read(
 	CHECK(ibv_destroy_comp_channel(ch) == 0);
 }
 
+/* Two threads asleep in ibv_get_cq_event() on one channel: each event
+ * wakes one of them, which returns it; none is passed back and forth. */
+TEST_CASE("two threads asleep on one channel take one event each", "[channel][threads]")
+{
+	Device d;
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+	REQUIRE(ch);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+	REQUIRE(cq);
+	auto get_cq_event = [ch] {
+		struct ibv_cq *got = nullptr;
+		void *got_ctx = nullptr;
+		return ibv_get_cq_event(ch, &got, &got_ctx);
+	};
+	struct ibv_wc wc = make_wc(1);
+	{
+		BlockedCall one(get_cq_event), two(get_cq_event);
+		CHECK_FALSE(one.returned_within(100ms));
+		CHECK_FALSE(two.returned_within(0ms));
+		REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+		const auto t0 = std::chrono::steady_clock::now();
+		while (!one.done && !two.done && std::chrono::steady_clock::now() - t0 < 5000ms)
+			std::this_thread::sleep_for(1ms);
+		CHECK(one.done + two.done == 1);
+		std::this_thread::sleep_for(100ms);
+		CHECK(one.done + two.done == 1); /* the other sleeps on */
+		REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+		REQUIRE(shmverbs_inject_completion(cq, &wc, 0) == 0);
+		CHECK(one.returned_within(5000ms));
+		CHECK(two.returned_within(5000ms));
+		CHECK(one.rc == 0);
+		CHECK(two.rc == 0);
+	}
+	ibv_ack_cq_events(cq, 2);
+	struct ibv_wc out[2];
+	CHECK(ibv_poll_cq(cq, 2, out) == 2);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
 /* uverbs queues a channel's completion events in one list: they come out
  * in the order they fired, whichever CQ they are of (a CQ made first
  * never starves the others). */
