@@ -612,6 +612,17 @@ struct BlockedCall {
 	}
 };
 
+/* ibv_get_cq_event() on `ch`, its CQ in *got if asked for. */
+int next_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **got = nullptr)
+{
+	struct ibv_cq *cq = nullptr;
+	void *cq_ctx = nullptr;
+	const int rc = ibv_get_cq_event(ch, &cq, &cq_ctx);
+	if (got)
+		*got = cq;
+	return rc;
+}
+
 } // namespace
 
 /* Both calls are a read() of a uverbs fd on a device: a signal whose
@@ -624,11 +635,7 @@ TEST_CASE("a signal interrupts ibv_get_cq_event and ibv_get_async_event as read(
 	REQUIRE(ch);
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 1, nullptr, ch, 0);
 	REQUIRE(cq);
-	auto get_cq_event = [ch] {
-		struct ibv_cq *got = nullptr;
-		void *got_ctx = nullptr;
-		return ibv_get_cq_event(ch, &got, &got_ctx);
-	};
+	auto get_cq_event = [ch] { return next_cq_event(ch); };
 	struct ibv_async_event ev{};
 	auto get_async_event = [&] { return ibv_get_async_event(d.ctx, &ev); };
 	struct ibv_wc wc = make_wc(1);
@@ -682,11 +689,7 @@ TEST_CASE("two threads asleep on one channel take one event each", "[channel][th
 	REQUIRE(ch);
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
 	REQUIRE(cq);
-	auto get_cq_event = [ch] {
-		struct ibv_cq *got = nullptr;
-		void *got_ctx = nullptr;
-		return ibv_get_cq_event(ch, &got, &got_ctx);
-	};
+	auto get_cq_event = [ch] { return next_cq_event(ch); };
 	struct ibv_wc wc = make_wc(1);
 	{
 		BlockedCall one(get_cq_event), two(get_cq_event);
@@ -732,8 +735,7 @@ TEST_CASE("a channel's events come out in the order they fired, across its CQs",
 	};
 	auto next_event = [&] {
 		struct ibv_cq *got = nullptr;
-		void *got_ctx = nullptr;
-		REQUIRE(ibv_get_cq_event(ch, &got, &got_ctx) == 0);
+		REQUIRE(next_cq_event(ch, &got) == 0);
 		ibv_ack_cq_events(got, 1);
 		return got;
 	};
