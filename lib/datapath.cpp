@@ -782,7 +782,20 @@ bool QpEngine::run_now(SendWr &wr, bool &fatal)
  * is queued and the progress thread takes over. After a fatal completion the
  * rest is queued too and flushed when the QP enters ERR.
  */
-int QpEngine::post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+[[gnu::noinline, gnu::cold]] int QpEngine::post_send_beside_batch(struct ibv_send_wr *wr,
+								  struct ibv_send_wr **bad_wr)
+{
+	if (!wr)
+		return 0;
+	if (wr_batch.mine()) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	std::lock_guard batch(wr_batch.lock); /* then sq_lock_, as wr_complete() */
+	return post_send_now(wr, bad_wr);
+}
+
+int QpEngine::post_send_now(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
 	if (!wr)
 		return 0; /* libmlx5: an empty list posts nothing */

@@ -381,9 +381,16 @@ struct SendWr {
  * (which then posts nothing). */
 struct QpExBatch {
 	SpinLock lock;
+	/* The thread whose batch is open (the address of its
+	 * poll_lock_thread_tag), written by that thread only: what it reads
+	 * back says whether it is inside its own batch. */
+	std::atomic<const void *> owner{nullptr};
 	std::vector<SendWr> wrs;
 	size_t count = 0;
 	int err = 0;
+
+	static const void *me() { return &poll_lock_thread_tag; }
+	bool mine() const { return owner.load(std::memory_order_relaxed) == me(); }
 };
 
 class QpEngine final : public QpDataPath {
@@ -402,7 +409,17 @@ public:
 	 * outstanding (after a reset: 1). No lock held. */
 	void renumber_sq(uint32_t next);
 
-	int post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+	/* ibv_post_send(). A batch of ibv_wr_start() open in another thread
+	 * holds it off until that batch is done, as libmlx5's SQ lock does
+	 * (ibv_wr_post(3): the batch is a critical section of the QP); one
+	 * open in the calling thread makes it EINVAL (libmlx5 would deadlock
+	 * on its own lock). */
+	int post_send(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+	{
+		if (wr_batch.lock.held()) [[unlikely]]
+			return post_send_beside_batch(wr, bad_wr);
+		return post_send_now(wr, bad_wr);
+	}
 	int post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 	/* Appends a whole batch of built WRs (ibv_qp_ex) or nothing: EINVAL in
 	 * a state that does not allow posting, ENOMEM when the send queue
@@ -429,6 +446,12 @@ public:
 	}
 
 	QpExBatch wr_batch;
+
+private:
+	int post_send_now(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+	int post_send_beside_batch(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+
+public:
 
 	/* Executes what can be executed. Returns true when WRs remain queued
 	 * (the progress thread comes back). Any thread. */

@@ -45,6 +45,9 @@ public:
 		       !flag_.exchange(true, std::memory_order_acquire);
 	}
 	void unlock() { flag_.store(false, std::memory_order_release); }
+	/* Whether some thread holds it (a look, no order: the caller's
+	 * next lock() is what counts). */
+	bool held() const { return flag_.load(std::memory_order_relaxed); }
 
 private:
 	void wait()

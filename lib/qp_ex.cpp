@@ -3,7 +3,10 @@
  * ibv_qp_ex: work requests built piece by piece.
  *
  * ibv_wr_start() takes the QP's batch lock (held until wr_complete() or
- * wr_abort(), as libmlx5 holds its SQ lock). Each builder (wr_send,
+ * wr_abort(), as libmlx5 holds its SQ lock): an ibv_post_send() of another
+ * thread waits for the batch to end, and one of the thread inside it, a
+ * nested wr_start() and a wr_complete() without a batch are EINVAL where
+ * libmlx5 would deadlock or let go of a lock it does not hold. Each builder (wr_send,
  * wr_rdma_write, ...) starts a new SendWr with qpx->wr_id and qpx->wr_flags
  * as they are at that moment; the setters (wr_set_sge, wr_set_inline_data,
  * wr_set_ud_addr, wr_set_xrc_srqn) fill in the WR built last. Nothing
@@ -100,9 +103,29 @@ void wr_start(struct ibv_qp_ex *q)
 	QpExBatch *b = batch_of(q);
 	if (!b)
 		return;
+	/* A second wr_start() inside this thread's own batch: libmlx5
+	 * deadlocks on its SQ lock; the batch fails instead. */
+	if (b->mine()) {
+		latch(*b, EINVAL);
+		return;
+	}
 	b->lock.lock();
+	b->owner.store(QpExBatch::me(), std::memory_order_relaxed);
 	b->count = 0;
 	b->err = 0;
+}
+
+/* The end of this thread's batch (the lock let go); false when it has none
+ * open, and then another thread's batch is left alone. */
+bool end_batch(QpExBatch &b)
+{
+	if (!b.mine())
+		return false;
+	b.count = 0;
+	b.err = 0;
+	b.owner.store(nullptr, std::memory_order_relaxed);
+	b.lock.unlock();
+	return true;
 }
 
 int wr_complete(struct ibv_qp_ex *q)
@@ -111,6 +134,8 @@ int wr_complete(struct ibv_qp_ex *q)
 	if (!e)
 		return EINVAL;
 	QpExBatch &b = e->wr_batch;
+	if (!b.mine())
+		return EINVAL; /* no ibv_wr_start() in this thread */
 	/* libmlx5 installs a wr_complete that fails every batch with EINVAL
 	 * until RTS, whatever the builders latched. */
 	int err = e->takes_sends() ? b.err : EINVAL;
@@ -119,20 +144,14 @@ int wr_complete(struct ibv_qp_ex *q)
 		err = EIO;
 	if (!err)
 		err = e->submit(std::span(b.wrs.data(), b.count));
-	b.count = 0;
-	b.err = 0;
-	b.lock.unlock();
+	end_batch(b);
 	return err;
 }
 
 void wr_abort(struct ibv_qp_ex *q)
 {
-	QpExBatch *b = batch_of(q);
-	if (!b)
-		return;
-	b->count = 0;
-	b->err = 0;
-	b->lock.unlock();
+	if (QpExBatch *b = batch_of(q))
+		end_batch(*b);
 }
 
 /* ---- Builders ---- */

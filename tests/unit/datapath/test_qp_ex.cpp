@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <time.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -412,6 +413,99 @@ TEST_CASE("qp_ex: wr_abort discards the batch", "[qpex]")
 	struct ibv_wc wc{};
 	REQUIRE(Pair::wait_wc(p.a, wc));
 	CHECK(std::memcmp(p.b.at(0), "abort", 5) == 0);
+}
+
+TEST_CASE("qp_ex: ibv_post_send of another thread waits for an open batch", "[qpex][batch]")
+{
+	Pair p(rc_options());
+	p.connect();
+	struct ibv_qp_ex *q = p.a.qpx;
+	ibv_wr_start(q);
+	q->wr_id = 1;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(q, p.b.mr->rkey, p.b.addr(64));
+	ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 8);
+	/* The critical section of ibv_wr_post(3): libmlx5's SQ lock, held
+	 * from wr_start to wr_complete, holds the other thread's post off. */
+	std::atomic<bool> posted{false};
+	int post_err = -1;
+	struct ibv_send_wr wr{};
+	wr.wr.rdma = {p.b.addr(128), p.b.mr->rkey};
+	std::thread other([&] {
+		post_err = Pair::post8(p.a, IBV_WR_RDMA_WRITE, 2, wr);
+		posted = true;
+	});
+	std::this_thread::sleep_for(std::chrono::milliseconds(50));
+	CHECK_FALSE(posted.load());
+	REQUIRE(ibv_wr_complete(q) == 0);
+	other.join();
+	CHECK(post_err == 0);
+	/* The batch's WR went first. */
+	for (uint64_t id : {1, 2}) {
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.wr_id == id);
+	}
+}
+
+TEST_CASE("qp_ex: inside its own batch a thread's ibv_post_send and wr_start are EINVAL",
+	  "[qpex][batch]")
+{
+	Pair p(rc_options());
+	p.connect();
+	struct ibv_qp_ex *q = p.a.qpx;
+	struct ibv_sge sg = {p.a.addr(0), 8, p.a.mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 7;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sg;
+	wr.num_sge = 1;
+	wr.wr.rdma = {p.b.addr(64), p.b.mr->rkey};
+
+	/* libmlx5 would spin on its own SQ lock for ever in both. */
+	ibv_wr_start(q);
+	q->wr_id = 1;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(q, p.b.mr->rkey, p.b.addr(64));
+	ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 8);
+	CHECK(ibv_post_send(p.a.qp, &wr, &bad) == EINVAL);
+	CHECK(bad == &wr);
+	ibv_wr_start(q); /* nested: the batch fails */
+	CHECK(ibv_wr_complete(q) == EINVAL);
+	CHECK(Pair::quiet(p.a));
+	/* No batch open any more: EINVAL, and nothing held. */
+	CHECK(ibv_wr_complete(q) == EINVAL);
+	ibv_wr_abort(q);
+	CHECK(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 7);
+
+	/* Another thread's batch is not this thread's to end. */
+	std::atomic<int> stage{0};
+	int other_err = -1;
+	std::thread other([&] {
+		ibv_wr_start(q);
+		q->wr_id = 3;
+		q->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(q, p.b.mr->rkey, p.b.addr(64));
+		ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 8);
+		stage = 1;
+		while (stage.load() != 2)
+			std::this_thread::yield();
+		other_err = ibv_wr_complete(q);
+	});
+	while (stage.load() != 1)
+		std::this_thread::yield();
+	CHECK(ibv_wr_complete(q) == EINVAL);
+	ibv_wr_abort(q);
+	stage = 2;
+	other.join();
+	CHECK(other_err == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 3);
 }
 
 TEST_CASE("qp_ex: wr_complete in a state that cannot send is EINVAL", "[qpex]")
