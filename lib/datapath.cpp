@@ -281,12 +281,30 @@ constexpr uint32_t into_local_ops = op_bit(IBV_WR_RDMA_READ) | op_bit(IBV_WR_ATO
 				    op_bit(IBV_WR_ATOMIC_FETCH_AND_ADD);
 constexpr uint32_t send_ops = op_bit(IBV_WR_SEND) | op_bit(IBV_WR_SEND_WITH_IMM);
 constexpr uint32_t direct_ops = op_bit(IBV_WR_RDMA_WRITE) | into_local_ops | send_ops;
+constexpr uint32_t atomic_ops = op_bit(IBV_WR_ATOMIC_CMP_AND_SWP) | op_bit(IBV_WR_ATOMIC_FETCH_AND_ADD);
 
 /* Whether bit `op` of an opcode mask is set; opcodes of 32 and above (an
  * application's garbage) never are. */
 bool in_mask(uint32_t mask, int op)
 {
 	return unsigned(op) < 32 && (mask >> op) & 1;
+}
+
+/* Where ibv_post_send's atomic `wr` (its opcode checked) puts the 8-byte
+ * response: libmlx5 tells the device that every non-empty SGE of an atomic
+ * is 8 bytes long (set_data_ptr_seg_atomic), whatever its length says, so
+ * the response lands whole in the first; that SGE, in `one`, or none when
+ * every SGE is empty. (The builders' ibv_wr_set_sge keeps the lengths.) */
+std::span<const struct ibv_sge> atomic_scatter(const struct ibv_send_wr &wr, struct ibv_sge &one)
+{
+	for (int i = 0; i < wr.num_sge; i++) {
+		if (wr.sg_list[i].length) {
+			one = wr.sg_list[i];
+			one.length = 8;
+			return std::span(&one, 1);
+		}
+	}
+	return {};
 }
 
 /* A WR's opcode as the int the application stored: C lets it store any
@@ -725,9 +743,18 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 			total += wr->sg_list[i].length;
 		if (total > caps.created.max_inline_data)
 			return ENOMEM; /* libmlx5's set_data_inl_seg */
+	}
+	/* Inline data is the data a SEND or WRITE sends; a READ's or an
+	 * atomic's response lands in the SGEs all the same (ibv_post_send(3):
+	 * inline is for those two; rxe ignores it for the others). */
+	if ((wr->send_flags & IBV_SEND_INLINE) && !in_mask(into_local_ops, wr->opcode)) {
 		for (int i = 0; i < wr->num_sge; i++)
 			w.inline_data.append(reinterpret_cast<const char *>(wr->sg_list[i].addr),
 					     wr->sg_list[i].length);
+	} else if (in_mask(atomic_ops, wr->opcode)) {
+		struct ibv_sge one;
+		const std::span<const struct ibv_sge> s = atomic_scatter(*wr, one);
+		w.sge.assign(s.data(), s.data() + s.size());
 	} else {
 		w.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
 	}
@@ -1287,8 +1314,11 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		~EndWr() { refs.end_wr(); }
 	} end_wr{local_refs};
 	uint64_t length = 0;
-	const bool into_local = wr.opcode == IBV_WR_RDMA_READ ||
-		wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	const bool into_local = in_mask(into_local_ops, wr.opcode);
+	/* A READ or an atomic built with ibv_wr_set_inline_data: its response
+	 * has no SGE to land in (a malformed WQE). */
+	if (into_local && !wr.inline_data.empty())
+		return fail(IBV_WC_LOC_QP_OP_ERR);
 	if (!wr.inline_data.empty()) {
 		local.push_back({wr.inline_data.data(), wr.inline_data.size()});
 		length = wr.inline_data.size();
@@ -1731,8 +1761,10 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	default:
 		return fail(IBV_WC_LOC_QP_OP_ERR); /* not one-sided: a caller's bug */
 	}
+	/* Less room than the 8-byte response: the requester's own error,
+	 * found before the request leaves (the target is not touched). */
 	if (length < 8)
-		return fail(IBV_WC_REM_INV_REQ_ERR);
+		return fail(IBV_WC_LOC_LEN_ERR);
 	if (op.remote_addr & 7) {
 		/* Misaligned: an invalid request, which puts the responder
 		 * in ERR too (IBA's Invalid Request Local Work Queue Error). */
@@ -1815,12 +1847,19 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	}
 	if (!in_mask(direct_ops_, wr.opcode))
 		return Direct::NotTaken;
+	const bool inlined = wr.send_flags & IBV_SEND_INLINE;
+	/* fill() checks the size of what a READ or an atomic marks inline
+	 * and then ignores the mark. */
+	if (inlined && in_mask(into_local_ops, wr.opcode))
+		return Direct::NotTaken;
 	DirectWr d{wr.wr_id, wr.send_flags, {wr.opcode, wr.wr.rdma.remote_addr, wr.wr.rdma.rkey, 0, 0},
-		   std::span(wr.sg_list, size_t(wr.num_sge)), bool(wr.send_flags & IBV_SEND_INLINE),
-		   wr.imm_data};
-	if (wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+		   std::span(wr.sg_list, size_t(wr.num_sge)), inlined, wr.imm_data};
+	struct ibv_sge one;
+	if (in_mask(atomic_ops, wr.opcode)) {
 		d.op = {wr.opcode, wr.wr.atomic.remote_addr, wr.wr.atomic.rkey,
 			wr.wr.atomic.compare_add, wr.wr.atomic.swap};
+		d.sge = atomic_scatter(wr, one);
+	}
 	return run_direct(d); /* which leaves inline data over the limit to fill() */
 }
 

@@ -879,6 +879,156 @@ TEST_CASE("UD: an AH of another context is EINVAL, in ibv_post_send and wr_set_u
 	ibv_close_device(other);
 }
 
+namespace {
+
+/* One signaled `op` (READ or an atomic) to b.addr(1024), by ibv_post_send
+ * from the SGEs `sges`; its completion. */
+struct ibv_wc post_one_sided(Pair &p, enum ibv_wr_opcode op, std::vector<struct ibv_sge> sges,
+			     unsigned int flags = 0, uint64_t add = 5)
+{
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 9;
+	wr.opcode = op;
+	wr.send_flags = IBV_SEND_SIGNALED | flags;
+	wr.sg_list = sges.data();
+	wr.num_sge = int(sges.size());
+	if (op == IBV_WR_RDMA_READ) {
+		wr.wr.rdma = {p.b.addr(1024), p.b.mr->rkey};
+	} else {
+		wr.wr.atomic.remote_addr = p.b.addr(1024);
+		wr.wr.atomic.rkey = p.b.mr->rkey;
+		wr.wr.atomic.compare_add = add;
+	}
+	REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 9);
+	return wc;
+}
+
+uint64_t u64_at(const char *p)
+{
+	uint64_t v;
+	std::memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+} // namespace
+
+TEST_CASE("ibv_post_send: each non-empty SGE of an atomic is 8 bytes, as libmlx5 posts it",
+	  "[qpex][opcodes]")
+{
+	/* libmlx5's set_data_ptr_seg_atomic: the device is told 8 bytes at
+	 * the SGE's address whatever its length; the response lands whole
+	 * in the first. */
+	Pair p;
+	p.connect();
+	const uint64_t start = 100;
+	std::memcpy(p.b.at(1024), &start, 8);
+	std::memset(p.a.at(0), 0xee, 128);
+	const uint32_t lk = p.a.mr->lkey;
+	struct ibv_wc wc = post_one_sided(p, IBV_WR_ATOMIC_FETCH_AND_ADD, {{p.a.addr(0), 4, lk}});
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.byte_len == 8);
+	CHECK(u64_at(p.a.at(0)) == 100);
+	wc = post_one_sided(p, IBV_WR_ATOMIC_FETCH_AND_ADD,
+			    {{p.a.addr(32), 4, lk}, {p.a.addr(48), 4, lk}});
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(u64_at(p.a.at(32)) == 105);
+	CHECK(u64_at(p.a.at(48)) == 0xeeeeeeeeeeeeeeeeull); /* the second: untouched */
+	wc = post_one_sided(p, IBV_WR_ATOMIC_FETCH_AND_ADD,
+			    {{p.a.addr(64), 0, lk}, {p.a.addr(80), 2, lk}});
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(u64_at(p.a.at(64)) == 0xeeeeeeeeeeeeeeeeull);
+	CHECK(u64_at(p.a.at(80)) == 110);
+	CHECK(u64_at(p.b.at(1024)) == 115);
+	/* 4 bytes at the MR's end: the 8 the device writes leave it. */
+	wc = post_one_sided(p, IBV_WR_ATOMIC_FETCH_AND_ADD, {{p.a.addr(buf_size - 4), 4, lk}});
+	CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+	CHECK(u64_at(p.b.at(1024)) == 115);
+}
+
+TEST_CASE("an atomic with room for less than its 8-byte response is LOC_LEN_ERR",
+	  "[qpex][opcodes]")
+{
+	Pair p(rc_options());
+	p.connect();
+	const uint64_t start = 100;
+	std::memcpy(p.b.at(1024), &start, 8);
+	SECTION("ibv_post_send without an SGE, or with empty ones") {
+		const bool none = GENERATE(true, false);
+		CAPTURE(none);
+		std::vector<struct ibv_sge> sges;
+		if (!none)
+			sges = {{p.a.addr(0), 0, p.a.mr->lkey}};
+		struct ibv_wc wc = post_one_sided(p, IBV_WR_ATOMIC_FETCH_AND_ADD, sges);
+		CHECK(wc.status == IBV_WC_LOC_LEN_ERR);
+	}
+	SECTION("the builders keep the SGE's length") {
+		struct ibv_qp_ex *q = p.a.qpx;
+		ibv_wr_start(q);
+		q->wr_id = 9;
+		q->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_atomic_fetch_add(q, p.b.mr->rkey, p.b.addr(1024), 5);
+		ibv_wr_set_sge(q, p.a.mr->lkey, p.a.addr(0), 4);
+		REQUIRE(ibv_wr_complete(q) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		CHECK(wc.status == IBV_WC_LOC_LEN_ERR);
+	}
+	/* The requester's own error: the target is not touched and stays
+	 * in RTS. */
+	CHECK(u64_at(p.b.at(1024)) == 100);
+	CHECK(state_of(p.a.qp) == IBV_QPS_ERR);
+	CHECK(state_of(p.b.qp) == IBV_QPS_RTS);
+}
+
+TEST_CASE("IBV_SEND_INLINE on a READ or an atomic: the response still lands in the SGEs",
+	  "[qpex][opcodes]")
+{
+	/* ibv_post_send(3): inline is for SEND and RDMA WRITE. Its size is
+	 * checked as libmlx5 does (ENOMEM over max_inline_data); the data
+	 * then comes back into the SGEs, never lost. */
+	Pair p(rc_options());
+	p.connect();
+	std::memcpy(p.b.at(1024), "read-me-inline!", 16);
+	const uint32_t lk = p.a.mr->lkey;
+	struct ibv_wc wc =
+		post_one_sided(p, IBV_WR_RDMA_READ, {{p.a.addr(0), 16, lk}}, IBV_SEND_INLINE);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.byte_len == 16);
+	CHECK(std::memcmp(p.a.at(0), "read-me-inline!", 16) == 0);
+	const uint64_t start = 100;
+	std::memcpy(p.b.at(1024), &start, 8);
+	wc = post_one_sided(p, IBV_WR_ATOMIC_FETCH_AND_ADD, {{p.a.addr(64), 8, lk}},
+			    IBV_SEND_INLINE);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(u64_at(p.a.at(64)) == 100);
+	CHECK(u64_at(p.b.at(1024)) == 105);
+
+	struct ibv_sge big = {p.a.addr(0), Pair::caps(p.a).max_inline_data + 1, lk};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.opcode = IBV_WR_RDMA_READ;
+	wr.send_flags = IBV_SEND_INLINE;
+	wr.sg_list = &big;
+	wr.num_sge = 1;
+	wr.wr.rdma = {p.b.addr(1024), p.b.mr->rkey};
+	CHECK(ibv_post_send(p.a.qp, &wr, &bad) == ENOMEM);
+
+	/* The builders' inline data is no place for a response. */
+	struct ibv_qp_ex *q = p.a.qpx;
+	ibv_wr_start(q);
+	q->wr_id = 10;
+	q->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_read(q, p.b.mr->rkey, p.b.addr(1024));
+	ibv_wr_set_inline_data(q, p.a.at(256), 16);
+	REQUIRE(ibv_wr_complete(q) == 0);
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 10);
+	CHECK(wc.status == IBV_WC_LOC_QP_OP_ERR);
+	CHECK(state_of(p.a.qp) == IBV_QPS_ERR);
+}
+
 TEST_CASE("ibv_post_send: an opcode the QP type cannot execute is EINVAL at that WR",
 	  "[qpex][opcodes]")
 {
