@@ -282,6 +282,13 @@ constexpr uint32_t into_local_ops = op_bit(IBV_WR_RDMA_READ) | op_bit(IBV_WR_ATO
 constexpr uint32_t send_ops = op_bit(IBV_WR_SEND) | op_bit(IBV_WR_SEND_WITH_IMM);
 constexpr uint32_t direct_ops = op_bit(IBV_WR_RDMA_WRITE) | into_local_ops | send_ops;
 constexpr uint32_t atomic_ops = op_bit(IBV_WR_ATOMIC_CMP_AND_SWP) | op_bit(IBV_WR_ATOMIC_FETCH_AND_ADD);
+/* The opcodes ibv_post_send() takes on any QP type: those libmlx5 has a
+ * device opcode for (mlx5_ib_opcode[], IBV_WR_RDMA_WRITE to
+ * IBV_WR_DRIVER1), every one verbs defines; the rest are EINVAL. One the
+ * QP type cannot carry (a READ on UC, a WRITE on UD) is posted and fails
+ * at execution with IBV_WC_LOC_QP_OP_ERR, as the device (and rxe's
+ * requester) fails it. */
+constexpr uint32_t posted_ops = (op_bit(IBV_WR_DRIVER1) << 1) - 1;
 
 /* Whether bit `op` of an opcode mask is set; opcodes of 32 and above (an
  * application's garbage) never are. */
@@ -778,7 +785,7 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 	}
 	if (type_ == IBV_QPT_XRC_SEND)
 		w.xrc_srqn = wr->qp_type.xrc.remote_srqn;
-	if (wr->opcode == IBV_WR_BIND_MW) {
+	if (wr->opcode == IBV_WR_BIND_MW && in_mask(allowed_ops_, IBV_WR_BIND_MW)) {
 		const struct ibv_mw_bind_info &b = wr->bind_mw.bind_info;
 		struct ibv_context *ctx = qp_.ctx->abi();
 		if (!wr->bind_mw.mw || wr->bind_mw.mw->context != ctx || (b.mr && b.mr->context != ctx))
@@ -831,8 +838,8 @@ int QpEngine::post_send_now(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 		/* libmlx5 fails the WR as over the state's SGE limit (-1 before
 		 * RTS): ENOMEM, after its opcode check. */
 		*bad_wr = wr;
-		return type_ == IBV_QPT_XRC_RECV || !in_mask(allowed_ops_, raw_opcode(*wr)) ? EINVAL
-											   : ENOMEM;
+		return type_ == IBV_QPT_XRC_RECV || !in_mask(posted_ops, raw_opcode(*wr)) ? EINVAL
+											 : ENOMEM;
 	}
 	const QpCaps &caps = core_.caps;
 	int err = 0;
@@ -857,7 +864,7 @@ int QpEngine::post_send_now(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				sq_posted_.store(seq, std::memory_order_relaxed);
 				continue;
 			}
-			if (!in_mask(allowed_ops_, op) || wr->num_sge < 0) {
+			if (!in_mask(posted_ops, op) || wr->num_sge < 0) {
 				err = EINVAL;
 				break;
 			}
@@ -867,7 +874,8 @@ int QpEngine::post_send_now(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				break;
 			}
 			if (sq_.empty() && !fatal && sq_runs(state_.load())) {
-				if (Direct d = try_direct(*wr); d != Direct::NotTaken) {
+				if (Direct d = in_mask(allowed_ops_, op) ? try_direct(*wr) : Direct::NotTaken;
+				    d != Direct::NotTaken) {
 					sq_posted_.store(seq, std::memory_order_relaxed);
 					fatal = d == Direct::Fatal;
 					continue;
@@ -1280,6 +1288,8 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		wc.status = s;
 		return Outcome::Fatal;
 	};
+	if (!in_mask(allowed_ops_, wr.opcode)) [[unlikely]]
+		return fail(IBV_WC_LOC_QP_OP_ERR); /* posted_ops: not for this QP type */
 
 	/* Memory windows (lib/mw.h): local operations on our key table,
 	 * which wait for the holders of the key; this queue lets go of its

@@ -732,9 +732,11 @@ private:
 	uint32_t device_;
 	uint32_t qpn_;
 	enum ibv_qp_type type_;
-	/* Bit `op` set for each ibv_wr_opcode below 32 that ibv_post_send()
-	 * takes on this QP type (the rest: EINVAL), and for those the direct
-	 * path runs (RC and UC only): one test per WR instead of a switch. */
+	/* Bit `op` set for each ibv_wr_opcode below 32 that this QP type
+	 * executes (ibv_post_send() takes every opcode verbs defines; the
+	 * others fail at execution, IBV_WC_LOC_QP_OP_ERR), and for those the
+	 * direct path runs (RC and UC only): one test per WR instead of a
+	 * switch. */
 	uint32_t allowed_ops_;
 	uint32_t direct_ops_;
 	uint32_t lane_ops_; /* those of them direct_one() takes */

@@ -1029,11 +1029,12 @@ TEST_CASE("IBV_SEND_INLINE on a READ or an atomic: the response still lands in t
 	CHECK(state_of(p.a.qp) == IBV_QPS_ERR);
 }
 
-TEST_CASE("ibv_post_send: an opcode the QP type cannot execute is EINVAL at that WR",
+TEST_CASE("ibv_post_send: an opcode verbs does not define is EINVAL at that WR",
 	  "[qpex][opcodes]")
 {
-	/* Per type, opcodes refused (a value of 32 or more, or negative, is
-	 * garbage on any type) and one taken, posted first in each list. */
+	/* Per type, opcodes refused (libmlx5 knows IBV_WR_RDMA_WRITE to
+	 * IBV_WR_DRIVER1; anything else is garbage on any type) and one
+	 * taken, posted first in each list. */
 	struct Case {
 		enum ibv_qp_type type;
 		enum ibv_wr_opcode good;
@@ -1041,12 +1042,8 @@ TEST_CASE("ibv_post_send: an opcode the QP type cannot execute is EINVAL at that
 	};
 	const Case cases[] = {
 		{IBV_QPT_RC, IBV_WR_RDMA_WRITE, {32, 1000, -1, IBV_WR_BIND_MW + 100}},
-		{IBV_QPT_UC, IBV_WR_RDMA_WRITE,
-		 {IBV_WR_RDMA_READ, IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, 32}},
-		{IBV_QPT_UD, IBV_WR_SEND,
-		 {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ,
-		  IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_SEND_WITH_INV,
-		  IBV_WR_LOCAL_INV}},
+		{IBV_QPT_UC, IBV_WR_RDMA_WRITE, {IBV_WR_DRIVER1 + 1, 32}},
+		{IBV_QPT_UD, IBV_WR_SEND, {IBV_WR_DRIVER1 + 1, -5}},
 	};
 	for (const Case &c : cases) {
 		Options o;
@@ -1093,5 +1090,76 @@ TEST_CASE("ibv_post_send: an opcode the QP type cannot execute is EINVAL at that
 		}
 		if (ah)
 			ibv_destroy_ah(ah);
+	}
+}
+
+TEST_CASE("ibv_post_send: an opcode the QP type cannot carry is posted and fails with "
+	  "LOC_QP_OP_ERR",
+	  "[qpex][opcodes]")
+{
+	/* libmlx5 builds the WQE (its only opcode check is its table) and the
+	 * device fails it; rxe's requester fails it the same way
+	 * (next_opcode: IB_WC_LOC_QP_OP_ERR). The QP then enters ERR (RC)
+	 * or SQE (UC, UD), and the WR behind it flushes. */
+	struct Case {
+		enum ibv_qp_type type;
+		enum ibv_wr_opcode good;
+		std::vector<enum ibv_wr_opcode> failing;
+	};
+	const Case cases[] = {
+		{IBV_QPT_RC, IBV_WR_RDMA_WRITE, {IBV_WR_TSO, IBV_WR_DRIVER1}},
+		{IBV_QPT_UC, IBV_WR_RDMA_WRITE,
+		 {IBV_WR_RDMA_READ, IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_TSO}},
+		{IBV_QPT_UD, IBV_WR_SEND,
+		 {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ,
+		  IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_SEND_WITH_INV,
+		  IBV_WR_LOCAL_INV, IBV_WR_BIND_MW}},
+	};
+	for (const Case &c : cases) {
+		for (enum ibv_wr_opcode op : c.failing) {
+			CAPTURE(c.type, op);
+			Options o;
+			o.type = c.type;
+			Pair p(o);
+			p.connect();
+			struct ibv_ah *ah = c.type == IBV_QPT_UD ? own_port_ah(p) : nullptr;
+			const uint64_t start = 100;
+			std::memcpy(p.b.at(64), &start, 8);
+			struct ibv_sge sg = {p.a.addr(0), 8, p.a.mr->lkey};
+			struct ibv_send_wr wr[2]{}, *bad = nullptr;
+			for (int i = 0; i < 2; i++) {
+				wr[i].wr_id = uint64_t(i) + 1;
+				wr[i].send_flags = IBV_SEND_SIGNALED;
+				wr[i].sg_list = &sg;
+				wr[i].num_sge = 1;
+				if (ah) {
+					wr[i].wr.ud.ah = ah;
+					wr[i].wr.ud.remote_qpn = p.b.qp->qp_num;
+					wr[i].wr.ud.remote_qkey = 0x1234;
+				} else {
+					wr[i].wr.rdma.remote_addr = p.b.addr(64);
+					wr[i].wr.rdma.rkey = p.b.mr->rkey;
+				}
+			}
+			wr[0].opcode = op;
+			wr[0].next = &wr[1];
+			wr[1].opcode = c.good;
+			if (c.type == IBV_QPT_UD)
+				REQUIRE(Pair::post_recv(p.b, 0, 0, 40 + 64) == 0);
+			REQUIRE(ibv_post_send(p.a.qp, wr, &bad) == 0);
+			struct ibv_wc wc{};
+			REQUIRE(Pair::wait_wc(p.a, wc));
+			CHECK(wc.wr_id == 1);
+			CHECK(wc.status == IBV_WC_LOC_QP_OP_ERR);
+			REQUIRE(Pair::wait_wc(p.a, wc));
+			CHECK(wc.wr_id == 2);
+			CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+			CHECK(state_of(p.a.qp) == (c.type == IBV_QPT_RC ? IBV_QPS_ERR : IBV_QPS_SQE));
+			/* Nothing reached the target. */
+			CHECK(std::memcmp(p.b.at(64), &start, 8) == 0);
+			CHECK(Pair::quiet(p.b, 1));
+			if (ah)
+				ibv_destroy_ah(ah);
+		}
 	}
 }
