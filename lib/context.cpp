@@ -329,7 +329,7 @@ int query_device_ex(Context &ctx, const struct ibv_query_device_ex_input *input,
 	full.cq_mod_caps.max_cq_period = 0xfff;
 	/* A 1 GHz free-running clock: completion timestamps are nanoseconds. */
 	full.hca_core_clock = 1000000;
-	full.completion_timestamp_mask = ~0ull;
+	full.completion_timestamp_mask = 0x7fffffffffffffffull; /* mlx5_ib's */
 	full.max_wq_type_rq = 0;
 	full.odp_caps = odp_caps(*ctx.device, full.xrc_odp_caps);
 
@@ -393,8 +393,11 @@ int query_gid(Context &ctx, uint8_t port_num, int index, union ibv_gid &gid)
 int query_gid_ex(Context &ctx, uint32_t port_num, uint32_t gid_index,
 		 struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
 {
+	/* Flags: none defined, EINVAL as from the kernel's ioctl
+	 * (uverbs_get_flags32); EOPNOTSUPP is rdma-core's answer only on
+	 * kernels without it (before 5.10). */
 	if (!entry || flags)
-		return flags ? EOPNOTSUPP : EINVAL;
+		return EINVAL;
 	if (entry_size < sizeof(struct ibv_gid_entry))
 		return EINVAL;
 	int err;
@@ -411,7 +414,7 @@ ssize_t query_gid_table(Context &ctx, struct ibv_gid_entry *entries, size_t max_
 			uint32_t flags, size_t entry_size)
 {
 	if (flags)
-		return -EOPNOTSUPP;
+		return -EINVAL; /* as query_gid_ex() */
 	if (entry_size < sizeof(struct ibv_gid_entry) || (!entries && max_entries))
 		return -EINVAL;
 	size_t n = 0;
@@ -440,20 +443,24 @@ int query_gid_type(Context &ctx, uint8_t port_num, unsigned index, enum ibv_gid_
 	return 0;
 }
 
+/* ENOENT for a port or index the device does not have: libibverbs reads
+ * the entry from sysfs (ports/N/pkeys/I), which has no such file. */
 int query_pkey(Context &ctx, uint8_t port_num, int index, __be16 &pkey)
 {
 	const Port *port = ctx.device->port(port_num);
 	if (!port || index < 0 || size_t(index) >= port->pkeys.size())
-		return EINVAL;
+		return ENOENT;
 	pkey = htobe16(port->pkeys[index]);
 	return 0;
 }
 
+/* libibverbs queries index 0, 1, ... until the query fails: no such port,
+ * or the P_Key not in the table, is that failure, ENOENT. */
 int get_pkey_index(Context &ctx, uint8_t port_num, __be16 pkey)
 {
 	const Port *port = ctx.device->port(port_num);
 	if (!port)
-		return -EINVAL;
+		return -ENOENT;
 	uint16_t want = be16toh(pkey);
 	for (size_t i = 0; i < port->pkeys.size(); i++)
 		if (port->pkeys[i] == want)

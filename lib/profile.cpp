@@ -34,12 +34,15 @@ void clear_recv(struct ibv_qp_cap &c)
 }
 
 /* Device capability flags every profile claims: only what the emulation does
- * implement (no UD IP checksum; memory windows: the mlx5 profile's own;
- * ODP: odp_caps()). */
+ * implement (no UD IP checksum, automatic path migration or flow steering;
+ * memory windows: the mlx5 profile's own; ODP: odp_caps()). MEM_MGT_EXTENSIONS:
+ * SEND_WITH_INV and LOCAL_INV, which mlx5 and rxe set (an application such
+ * as SPDK sends with invalidate only where it is set); N_NOTIFY_CQ neither
+ * sets. */
 constexpr unsigned common_cap_flags =
 	IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR | IBV_DEVICE_CHANGE_PHY_PORT |
 	IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
-	IBV_DEVICE_XRC | IBV_DEVICE_N_NOTIFY_CQ;
+	IBV_DEVICE_XRC | IBV_DEVICE_MEM_MGT_EXTENSIONS;
 
 struct ibv_port_attr base_port_attr(LinkLayer ll)
 {
@@ -48,8 +51,10 @@ struct ibv_port_attr base_port_attr(LinkLayer ll)
 	p.max_mtu = IBV_MTU_4096;
 	p.active_mtu = IBV_MTU_4096;
 	p.max_msg_sz = 1u << 30;
-	p.max_vl_num = 4;
-	p.subnet_timeout = 18;
+	if (ll == LinkLayer::InfiniBand) { /* mlx5_query_port_roce() sets neither */
+		p.max_vl_num = 4;
+		p.subnet_timeout = 18;
+	}
 	p.active_width = 2; /* 4X */
 	p.active_speed = 32; /* EDR: 25 Gb/s per lane, 100 Gb/s at 4X */
 	p.phys_state = 5; /* LinkUp */

@@ -61,8 +61,14 @@ int ctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *values)
 	if (values->comp_mask & ~uint32_t(IBV_VALUES_MASK_RAW_CLOCK))
 		return EINVAL;
 	if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
-		/* The raw clock is CLOCK_MONOTONIC in ns (hca_core_clock 1 GHz). */
-		clock_gettime(CLOCK_MONOTONIC, &values->raw_clock);
+		/* The raw clock is CLOCK_MONOTONIC in ns (hca_core_clock 1
+		 * GHz), all of it in tv_nsec as libmlx5 puts its cycle count
+		 * (mlx5_query_rt_values: tv_sec 0): comparable with the
+		 * completions' timestamps. */
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		values->raw_clock.tv_sec = 0;
+		values->raw_clock.tv_nsec = long(now.tv_sec) * 1000000000l + now.tv_nsec;
 	}
 	return 0;
 }
@@ -174,7 +180,7 @@ SHMV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_
 }
 
 /* The exported symbol takes rdma-core's older _compat_ibv_port_attr, a prefix
- * of struct ibv_port_attr up to and including link_layer. */
+ * of struct ibv_port_attr up to and including flags. */
 SHMV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
 			       struct _compat_ibv_port_attr *attr)
 {
@@ -184,7 +190,7 @@ SHMV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
 	if (!c)
 		SHMV_FORWARD_INT(ibv_query_port, "IBVERBS_1.1", context, port_num, attr);
 	return query_port(*c, port_num, reinterpret_cast<struct ibv_port_attr *>(attr),
-			  offsetof(struct ibv_port_attr, flags));
+			  offsetof(struct ibv_port_attr, flags) + sizeof(ibv_port_attr::flags));
 }
 
 SHMV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index,
@@ -277,15 +283,25 @@ SHMV_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, in
 
 SHMV_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)
 {
-	if (!context)
-		return -EINVAL;
+	if (!context) {
+		errno = EINVAL;
+		return -1;
+	}
 	Context *c = to_context(context);
 	if (!c) {
 		if (auto fp = SHMV_NEXT(ibv_get_pkey_index, "IBVERBS_1.5"))
 			return fp(context, port_num, pkey);
-		return -EINVAL;
+		errno = EINVAL;
+		return -1;
 	}
-	return get_pkey_index(*c, port_num, pkey);
+	/* -1 and errno, as ibv_query_pkey() failing gives it (man page:
+	 * "-1 on error"). */
+	const int index = get_pkey_index(*c, port_num, pkey);
+	if (index < 0) {
+		errno = -index;
+		return -1;
+	}
+	return index;
 }
 
 SHMV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
