@@ -353,6 +353,7 @@ bool opcode_allowed(enum ibv_qp_type type, int op)
 QpEngine::QpEngine(Qp &qp)
 	: qp_(qp), core_(*qp.core), seg_(Segment::of(qp.core->device->index)), device_(qp.core->device->index),
 	  qpn_(qp.core->qp_num), type_(qp.core->type), allowed_ops_(0), direct_ops_(0), lane_ops_(0),
+	  rxe_(qp.core->device->profile->is(ProfileKind::Rxe)),
 	  pdn_(qp.pd ? qp.pd->pdn : 0),
 	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq),
 	  send_target_(send_cq_ && send_cq_->ring ? own_cq_target(*send_cq_->ring) : CqTarget{}),
@@ -758,7 +759,7 @@ int QpEngine::fill(SendWr &w, const struct ibv_send_wr *wr)
 		for (int i = 0; i < wr->num_sge; i++)
 			w.inline_data.append(reinterpret_cast<const char *>(wr->sg_list[i].addr),
 					     wr->sg_list[i].length);
-	} else if (in_mask(atomic_ops, wr->opcode)) {
+	} else if (in_mask(atomic_ops, wr->opcode) && !rxe_) {
 		struct ibv_sge one;
 		const std::span<const struct ibv_sge> s = atomic_scatter(*wr, one);
 		w.sge.assign(s.data(), s.data() + s.size());
@@ -829,6 +830,29 @@ bool QpEngine::run_now(SendWr &wr, bool &fatal)
 	return post_send_now(wr, bad_wr);
 }
 
+/* librxe's validate_send_wr(), before it looks at the queue's room: more
+ * SGEs than the QP has, inline data over its limit, an atomic with less
+ * than 8 bytes of SGEs or a misaligned address, a BIND_MW with data or
+ * immediate or on another type than RC/UC are EINVAL (libmlx5: ENOMEM for
+ * the first two, and the others go to the device). */
+int QpEngine::rxe_refuses(const struct ibv_send_wr &wr) const
+{
+	const QpCaps &caps = core_.caps;
+	if (uint32_t(wr.num_sge) > caps.created.max_send_sge)
+		return EINVAL;
+	uint64_t length = 0;
+	for (int i = 0; i < wr.num_sge; i++)
+		length += wr.sg_list[i].length;
+	if (in_mask(atomic_ops, wr.opcode) && (length < 8 || (wr.wr.atomic.remote_addr & 7)))
+		return EINVAL;
+	if ((wr.send_flags & IBV_SEND_INLINE) && length > caps.created.max_inline_data)
+		return EINVAL;
+	if (wr.opcode == IBV_WR_BIND_MW &&
+	    (length || wr.num_sge || wr.imm_data || (type_ != IBV_QPT_RC && type_ != IBV_QPT_UC)))
+		return EINVAL;
+	return 0;
+}
+
 int QpEngine::post_send_now(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
 	if (!wr)
@@ -868,6 +892,8 @@ int QpEngine::post_send_now(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 				err = EINVAL;
 				break;
 			}
+			if (rxe_ && (err = rxe_refuses(*wr))) [[unlikely]]
+				break;
 			/* libmlx5: "work queue overflow", "max gs exceeded". */
 			if (!room || uint32_t(wr->num_sge) > caps.created.max_send_sge) {
 				err = ENOMEM;
@@ -1868,7 +1894,8 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	if (in_mask(atomic_ops, wr.opcode)) {
 		d.op = {wr.opcode, wr.wr.atomic.remote_addr, wr.wr.atomic.rkey,
 			wr.wr.atomic.compare_add, wr.wr.atomic.swap};
-		d.sge = atomic_scatter(wr, one);
+		if (!rxe_) /* rxe scatters the 8 bytes over the SGEs as given */
+			d.sge = atomic_scatter(wr, one);
 	}
 	return run_direct(d); /* which leaves inline data over the limit to fill() */
 }

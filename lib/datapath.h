@@ -449,6 +449,7 @@ public:
 
 private:
 	int post_send_now(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+	int rxe_refuses(const struct ibv_send_wr &wr) const;
 	int post_send_beside_batch(struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 
 public:
@@ -740,6 +741,8 @@ private:
 	uint32_t allowed_ops_;
 	uint32_t direct_ops_;
 	uint32_t lane_ops_; /* those of them direct_one() takes */
+	/* The rxe profile: librxe's checks of a WR at post (rxe_refuses()). */
+	bool rxe_;
 	uint32_t pdn_;
 	Cq *send_cq_;
 	Cq *recv_cq_;

@@ -1163,3 +1163,65 @@ TEST_CASE("ibv_post_send: an opcode the QP type cannot carry is posted and fails
 		}
 	}
 }
+
+TEST_CASE("rxe: ibv_post_send refuses at post what librxe's validate_send_wr refuses: EINVAL",
+	  "[.rxe][opcodes]")
+{
+	/* Where libmlx5 says ENOMEM (SGEs, inline) or leaves the WR to the
+	 * device (atomic operands). */
+	Pair p;
+	p.connect();
+	const uint64_t start = 100;
+	std::memcpy(p.b.at(1024), &start, 8);
+	const uint32_t lk = p.a.mr->lkey;
+	const struct ibv_qp_cap cap = Pair::caps(p.a);
+	std::vector<struct ibv_sge> many(cap.max_send_sge + 1, {p.a.addr(0), 1, lk});
+	struct ibv_sge big = {p.a.addr(0), cap.max_inline_data + 1, lk};
+	struct ibv_sge four = {p.a.addr(0), 4, lk};
+	struct Case {
+		const char *what;
+		enum ibv_wr_opcode op;
+		struct ibv_sge *sg;
+		int n;
+		unsigned int flags;
+		uint64_t remote;
+	};
+	const Case cases[] = {
+		{"SGEs over max_send_sge", IBV_WR_RDMA_WRITE, many.data(), int(many.size()), 0,
+		 p.b.addr(1024)},
+		{"inline over max_inline_data", IBV_WR_RDMA_WRITE, &big, 1, IBV_SEND_INLINE,
+		 p.b.addr(1024)},
+		{"an atomic of 4 bytes", IBV_WR_ATOMIC_FETCH_AND_ADD, &four, 1, 0, p.b.addr(1024)},
+		{"a misaligned atomic", IBV_WR_ATOMIC_FETCH_AND_ADD, &big, 1, 0, p.b.addr(1028)},
+	};
+	for (const Case &c : cases) {
+		CAPTURE(c.what);
+		struct ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = c.op;
+		wr.send_flags = IBV_SEND_SIGNALED | c.flags;
+		wr.sg_list = c.sg;
+		wr.num_sge = c.n;
+		if (c.op == IBV_WR_RDMA_WRITE) {
+			wr.wr.rdma = {c.remote, p.b.mr->rkey};
+		} else {
+			wr.wr.atomic.remote_addr = c.remote;
+			wr.wr.atomic.rkey = p.b.mr->rkey;
+			wr.wr.atomic.compare_add = 1;
+		}
+		CHECK(ibv_post_send(p.a.qp, &wr, &bad) == EINVAL);
+		CHECK(bad == &wr);
+	}
+	CHECK(Pair::quiet(p.a));
+	CHECK(state_of(p.a.qp) == IBV_QPS_RTS);
+	CHECK(std::memcmp(p.b.at(1024), &start, 8) == 0);
+	/* rxe scatters an atomic's 8 bytes over the SGEs as given. */
+	std::memset(p.a.at(0), 0xee, 64);
+	struct ibv_wc wc = post_one_sided(p, IBV_WR_ATOMIC_FETCH_AND_ADD,
+					  {{p.a.addr(0), 4, lk}, {p.a.addr(32), 4, lk}});
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	uint32_t lo, hi;
+	std::memcpy(&lo, p.a.at(0), 4);
+	std::memcpy(&hi, p.a.at(32), 4);
+	CHECK((uint64_t(hi) << 32 | lo) == 100);
+}
+
