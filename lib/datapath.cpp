@@ -181,14 +181,18 @@ bool consume_wqe(const PeerRq &q, shm::RecvWqe &wqe, std::vector<shm::RecvSge> &
 	});
 }
 
-void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index)
+void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index, bool skip_empty)
 {
-	shm::RecvWqe wqe{wr.wr_id, uint32_t(wr.num_sge), 0};
-	std::memcpy(slot, &wqe, offsetof(shm::RecvWqe, seq));
+	uint32_t n = 0;
 	for (int i = 0; i < wr.num_sge; i++) {
+		if (skip_empty && !wr.sg_list[i].length)
+			continue;
 		shm::RecvSge s{wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
-		std::memcpy(slot + sizeof(wqe) + i * sizeof(s), &s, sizeof(s));
+		std::memcpy(slot + sizeof(shm::RecvWqe) + n * sizeof(s), &s, sizeof(s));
+		n++;
 	}
+	shm::RecvWqe wqe{wr.wr_id, n, 0};
+	std::memcpy(slot, &wqe, offsetof(shm::RecvWqe, seq));
 	/* Pairs with the consumers' acquire load of seq. */
 	rq_slot_seq(slot).store(uint32_t(index + 1), std::memory_order_release);
 }
@@ -719,7 +723,7 @@ int QpEngine::post_recv(struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 				*bad_wr = wr;
 				return EINVAL;
 			}
-			rq_publish(slots + (tail & (rq_entries_ - 1)) * rq_stride_, *wr, tail);
+			rq_publish(slots + (tail & (rq_entries_ - 1)) * rq_stride_, *wr, tail, true);
 			/* Pairs with the SRQ limit's acquire load of tail. */
 			rq_->tail.store(tail + 1, std::memory_order_release);
 		}

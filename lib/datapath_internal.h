@@ -51,7 +51,11 @@ inline bool consume_wqe_one_sge(const PeerRq &q, shm::RecvWqe &wqe, shm::RecvSge
 /* The producer's side (the ring's owner, under its post lock): writes
  * `wr` into `slot` as ring index `index` and publishes it (RecvWqe::seq).
  * The caller then advances tail. */
-void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index);
+/* Writes receive WR `wr` into `slot` as ring index `index`. `skip_empty`:
+ * without its zero-length SGEs, as libmlx5's mlx5_post_recv leaves them
+ * out of a QP's WQE (their lkeys are then never looked at); its
+ * mlx5_post_srq_recv keeps them. */
+void rq_publish(char *slot, const struct ibv_recv_wr &wr, uint64_t index, bool skip_empty);
 
 /* RecvWqe::seq of a slot, the word producer and consumers synchronize on. */
 inline std::atomic_ref<uint32_t> rq_slot_seq(char *slot)

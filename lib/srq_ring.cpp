@@ -206,7 +206,7 @@ int post_srq_recv(Srq &srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 			*bad_wr = wr;
 			return ENOMEM;
 		}
-		dp::rq_publish(slots + (tail & (r->entries - 1)) * r->stride, *wr, tail);
+		dp::rq_publish(slots + (tail & (r->entries - 1)) * r->stride, *wr, tail, false);
 		/* Pairs with the limit check's acquire load of tail. */
 		rq->tail.store(tail + 1, std::memory_order_release);
 	}

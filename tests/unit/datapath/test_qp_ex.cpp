@@ -1225,3 +1225,52 @@ TEST_CASE("rxe: ibv_post_send refuses at post what librxe's validate_send_wr ref
 	CHECK((uint64_t(hi) << 32 | lo) == 100);
 }
 
+TEST_CASE("a QP's receive WQE leaves out its zero-length SGEs: their keys are never looked at",
+	  "[qpex][opcodes]")
+{
+	/* libmlx5's mlx5_post_recv skips them; an application padding a
+	 * fixed array of SGEs with {0, 0, 0} must not have its QP fail. */
+	const enum ibv_qp_type type = GENERATE(IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD);
+	CAPTURE(type);
+	Options o;
+	o.type = type;
+	Pair p(o);
+	p.connect();
+	const bool ud = type == IBV_QPT_UD;
+	struct ibv_ah *ah = ud ? own_port_ah(p) : nullptr;
+	const uint32_t lk = p.b.mr->lkey;
+	struct ibv_sge rs[2] = {{0, 0, 0xdeadbe00}, {p.b.addr(1024), 100, lk}};
+	struct ibv_recv_wr rwr{}, *rbad = nullptr;
+	rwr.wr_id = 77;
+	rwr.sg_list = rs;
+	rwr.num_sge = 2;
+	REQUIRE(ibv_post_recv(p.b.qp, &rwr, &rbad) == 0);
+	const uint32_t len = ud ? 10 : 50; /* UD: 40 bytes of GRH area first */
+	for (uint32_t i = 0; i < len; i++)
+		p.a.buf[i] = char('a' + i % 26);
+	struct ibv_sge sg = {p.a.addr(0), len, p.a.mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 5;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sg;
+	wr.num_sge = 1;
+	if (ah) {
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = p.b.qp->qp_num;
+		wr.wr.ud.remote_qkey = 0x1234;
+	}
+	REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(Pair::wait_wc(p.b, wc));
+	CHECK(wc.wr_id == 77);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.byte_len == 50);
+	CHECK(std::memcmp(p.b.at(1024 + (ud ? 40 : 0)), p.a.at(0), len) == 0);
+	CHECK(state_of(p.b.qp) == IBV_QPS_RTS);
+	if (ah)
+		ibv_destroy_ah(ah);
+}
+
