@@ -258,10 +258,21 @@ BounceSlot *BounceClient::slot_at(uint32_t i) const
 					      size_t{i} * (sizeof(BounceSlot) + slot_size_));
 }
 
-int BounceClient::claim(BounceSlot *&slot)
+BounceClient::Watch BounceClient::watch(const int *alive) const
+{
+	return {now_ns() + uint64_t{timeout_ms_} * 1000000, alive};
+}
+
+bool BounceClient::target_gone(const Watch &w) const
+{
+	if (w.alive && (__atomic_load_n(w.alive, __ATOMIC_ACQUIRE) & FUTEX_TID_MASK) == 0)
+		return true;
+	return process_gone(target_);
+}
+
+int BounceClient::claim(BounceSlot *&slot, const Watch &w)
 {
 	const uint32_t self = static_cast<uint32_t>(getpid());
-	const uint64_t deadline = now_ns() + uint64_t{timeout_ms_} * 1000000;
 	for (unsigned round = 0;; round++) {
 		uint32_t start = next_.fetch_add(1, std::memory_order_relaxed);
 		for (uint32_t k = 0; k < nslots_; k++) {
@@ -284,9 +295,9 @@ int BounceClient::claim(BounceSlot *&slot)
 				return 0;
 			}
 		}
-		if (process_gone(target_))
+		if (target_gone(w))
 			return EPIPE;
-		if (now_ns() > deadline)
+		if (now_ns() > w.deadline_ns)
 			return ETIMEDOUT;
 		usleep(round < 10 ? 10 : 1000);
 	}
@@ -300,16 +311,16 @@ void BounceClient::post(BounceSlot *slot)
 	futex_wake(&h->doorbell, 1);
 }
 
-int BounceClient::wait(BounceSlot *slot)
+int BounceClient::wait(BounceSlot *slot, const Watch &w)
 {
-	const uint64_t deadline = now_ns() + uint64_t{timeout_ms_} * 1000000;
+	const uint64_t deadline = w.deadline_ns;
 	for (;;) {
 		uint32_t ph = slot->phase.load(std::memory_order_acquire);
 		if (ph == kPhaseDone) {
 			int status = slot->status;
 			return status < 0 || status > 4095 ? EIO : status;
 		}
-		if (process_gone(target_))
+		if (target_gone(w))
 			return EPIPE; /* the slot dies with the file */
 		if (now_ns() > deadline) {
 			/* Withdraw a request the helper has not taken; one it is
@@ -334,8 +345,10 @@ int BounceClient::let_go(BounceSlot *slot, int err)
 }
 
 template <typename Fill, typename Done>
-int BounceClient::transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Done &&done)
+int BounceClient::transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Done &&done,
+			   const int *alive)
 {
+	const Watch w = watch(alive); /* one deadline for every chunk */
 	/* Half the slots at most, so that other initiators of this target
 	 * still find some free. */
 	constexpr uint32_t kMaxInFlight = 8;
@@ -348,7 +361,7 @@ int BounceClient::transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Do
 	int err = 0;
 	auto retire = [&] {
 		Chunk &c = q[head];
-		int e = wait(c.slot);
+		int e = wait(c.slot, w);
 		if (!e)
 			done(c.slot, c.off, c.n);
 		e = let_go(c.slot, e);
@@ -366,7 +379,7 @@ int BounceClient::transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Do
 			continue;
 		}
 		BounceSlot *s;
-		if ((err = claim(s)))
+		if ((err = claim(s, w)))
 			break;
 		s->op = uint32_t(op);
 		s->addr = va + off;
@@ -382,7 +395,7 @@ int BounceClient::transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Do
 	return err;
 }
 
-int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len)
+int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len, const int *alive)
 {
 	auto *p = static_cast<const char *>(src);
 	return c.transfer(
@@ -390,26 +403,28 @@ int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len)
 		[&](BounceSlot *s, size_t off, size_t n) {
 			std::memcpy(reinterpret_cast<char *>(s + 1), p + off, n);
 		},
-		[](BounceSlot *, size_t, size_t) {});
+		[](BounceSlot *, size_t, size_t) {}, alive);
 }
 
-int bounce_read(BounceClient &c, void *dst, uint64_t va, size_t len)
+int bounce_read(BounceClient &c, void *dst, uint64_t va, size_t len, const int *alive)
 {
 	auto *p = static_cast<char *>(dst);
 	return c.transfer(
 		BounceOp::read, va, len, [](BounceSlot *, size_t, size_t) {},
 		[&](BounceSlot *s, size_t off, size_t n) {
 			std::memcpy(p + off, reinterpret_cast<char *>(s + 1), n);
-		});
+		},
+		alive);
 }
 
 int bounce_atomic(BounceClient &c, BounceOp op, uint64_t va, uint64_t operand, uint64_t compare,
-		  uint64_t *old)
+		  uint64_t *old, const int *alive)
 {
 	if ((op != BounceOp::fetch_add && op != BounceOp::cmp_swap) || va % 8)
 		return EINVAL;
+	const BounceClient::Watch w = c.watch(alive);
 	BounceSlot *s;
-	if (int err = c.claim(s))
+	if (int err = c.claim(s, w))
 		return err;
 	s->op = uint32_t(op);
 	s->addr = va;
@@ -417,7 +432,7 @@ int bounce_atomic(BounceClient &c, BounceOp op, uint64_t va, uint64_t operand, u
 	s->operand = operand;
 	s->compare = compare;
 	c.post(s);
-	int err = c.wait(s);
+	int err = c.wait(s, w);
 	if (!err && old)
 		*old = s->result;
 	return c.let_go(s, err);

@@ -141,18 +141,28 @@ public:
 	pid_t target_pid() const { return target_; }
 
 private:
-	friend int bounce_write(BounceClient &, uint64_t, const void *, size_t);
-	friend int bounce_read(BounceClient &, void *, uint64_t, size_t);
+	friend int bounce_write(BounceClient &, uint64_t, const void *, size_t, const int *);
+	friend int bounce_read(BounceClient &, void *, uint64_t, size_t, const int *);
 	friend int bounce_atomic(BounceClient &, BounceOp, uint64_t, uint64_t, uint64_t,
-				 uint64_t *);
+				 uint64_t *, const int *);
 	BounceClient() = default;
+	/* What one operation waits for: a deadline (timeout_ms from its
+	 * start, for all its chunks) and the target's owner-alive word
+	 * (shm_layout.h SegmentHeader::owner_alive, or nullptr), which tells
+	 * a target that died but is not reaped yet, as kill(0) cannot. */
+	struct Watch {
+		uint64_t deadline_ns;
+		const int *alive;
+	};
+	Watch watch(const int *alive) const;
+	bool target_gone(const Watch &w) const;
 	/* Claims a slot: 0, or ETIMEDOUT / EPIPE (target gone). */
-	int claim(BounceSlot *&slot);
+	int claim(BounceSlot *&slot, const Watch &w);
 	/* Hands the filled-in slot to the helper. */
 	void post(BounceSlot *slot);
 	/* Waits for a posted slot: its status, EPIPE (target gone) or ESTALE
 	 * (the helper is stuck in it). */
-	int wait(BounceSlot *slot);
+	int wait(BounceSlot *slot, const Watch &w);
 	/* Lets go of a waited-for slot, unless the target died with it or its
 	 * helper still holds it; the error to report (ESTALE: ETIMEDOUT). */
 	int let_go(BounceSlot *slot, int err);
@@ -161,7 +171,8 @@ private:
 	 * chunk's data into its slot (a write's), done(slot, offset, n) takes
 	 * a finished one's (a read's). The first error. */
 	template <typename Fill, typename Done>
-	int transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Done &&done);
+	int transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Done &&done,
+		     const int *alive);
 	BounceSlot *slot_at(uint32_t i) const;
 
 	char *base_ = nullptr;
@@ -174,13 +185,16 @@ private:
 
 /* Copies len bytes to/from the target's address va through the bounce slots
  * (in slot_size chunks, in order). 0, or a positive errno: EFAULT/EACCES
- * (rejected by the target's Validate), ETIMEDOUT, EPIPE (target died). */
-int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len);
-int bounce_read(BounceClient &c, void *dst, uint64_t va, size_t len);
+ * (rejected by the target's Validate), ETIMEDOUT (the whole operation took
+ * longer than the client's timeout), EPIPE (target died). `alive`: the
+ * target's owner-alive word, when the caller has its segment mapped. */
+int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len,
+		 const int *alive = nullptr);
+int bounce_read(BounceClient &c, void *dst, uint64_t va, size_t len, const int *alive = nullptr);
 /* An 8-byte atomic (op fetch_add or cmp_swap) on the 8-byte aligned va,
  * executed by the target as a CPU atomic, so it is atomic against CPU atomics
  * on that memory. *old receives the previous value. EINVAL when unaligned. */
 int bounce_atomic(BounceClient &c, BounceOp op, uint64_t va, uint64_t operand, uint64_t compare,
-		  uint64_t *old);
+		  uint64_t *old, const int *alive = nullptr);
 
 } // namespace shmverbs::memshare

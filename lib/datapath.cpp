@@ -301,6 +301,22 @@ bool in_mask(uint32_t mask, int op)
 	return unsigned(op) < 32 && (mask >> op) & 1;
 }
 
+/* How a failed access `err` to the memory of `peer` (not the shared
+ * mapping: cross-memory attach or the bounce helper) ends the WR. A peer
+ * that is gone (ESRCH, EPIPE, its owner-alive word released, which a
+ * zombie's is) answers nothing: IBV_WC_SUCCESS here, for the caller's
+ * unreachable(), which retries until timeout x retry_cnt and then reports
+ * IBV_WC_RETRY_EXC_ERR, as for a peer it never reached. One that gave no
+ * answer in the bounce path's time (stopped, its helper stuck): that
+ * status at once (a retry could run an atomic twice). Anything else is
+ * its memory refusing: IBV_WC_REM_ACCESS_ERR. */
+enum ibv_wc_status remote_failure(int err, const PeerSegment &peer)
+{
+	if (err == ESRCH || err == EPIPE || !peer.alive())
+		return IBV_WC_SUCCESS;
+	return err == ETIMEDOUT ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_ACCESS_ERR;
+}
+
 /* Where ibv_post_send's atomic `wr` (its opcode checked) puts the 8-byte
  * response: libmlx5 tells the device that every non-empty SGE of an atomic
  * is 8 bytes long (set_data_ptr_seg_atomic), whatever its length says, so
@@ -1549,9 +1565,11 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
-	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-		return one_sided({wr.opcode, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap}, *t.desc,
-				 peer, access_pdn, local, length, wc);
+	case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+		const Outcome o = one_sided({wr.opcode, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap},
+					    *t.desc, peer, access_pdn, local, length, wc);
+		return o == Outcome::Unreachable ? unreachable() : o;
+	}
 	case IBV_WR_RDMA_WRITE_WITH_IMM: {
 		/* A zero-length one writes nothing: its address and rkey go
 		 * unchecked (IBA C9-88), the QP's remote write access not. */
@@ -1581,9 +1599,12 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 			}
 			goto rnr;
 		}
-		if (length && remote_write(peer, **rkey, rkey->address_of(wr.remote_addr), local.data(),
-					   int(local.size())))
-			return fail(IBV_WC_REM_ACCESS_ERR);
+		if (int e = length ? remote_write(peer, **rkey, rkey->address_of(wr.remote_addr),
+						  local.data(), int(local.size()))
+				   : 0) {
+			const enum ibv_wc_status s = remote_failure(e, peer);
+			return s ? fail(s) : unreachable();
+		}
 		{
 			Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS,
 							IBV_WC_RECV_RDMA_WITH_IMM, target_qpn);
@@ -1790,9 +1811,11 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 			return Outcome::Done;
 		}
 		const uint64_t at = rkey->address_of(op.remote_addr);
-		if (write ? remote_write(peer, **rkey, at, local.data(), n)
-			  : remote_read(peer, **rkey, at, local.data(), n))
-			return fail(IBV_WC_REM_ACCESS_ERR);
+		if (int e = write ? remote_write(peer, **rkey, at, local.data(), n)
+				  : remote_read(peer, **rkey, at, local.data(), n)) {
+			const enum ibv_wc_status s = remote_failure(e, peer);
+			return s ? fail(s) : Outcome::Unreachable;
+		}
 		return Outcome::Done;
 	}
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -1828,9 +1851,10 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 			old = op.compare_add;
 			word.compare_exchange_strong(old, op.swap);
 		}
-	} else if (remote_memory_for(peer, **rkey).atomic(peer, **rkey, at, aop, op.compare_add,
-							    op.swap, &old)) {
-		return fail(IBV_WC_REM_ACCESS_ERR);
+	} else if (int e = remote_memory_for(peer, **rkey).atomic(peer, **rkey, at, aop,
+								  op.compare_add, op.swap, &old)) {
+		const enum ibv_wc_status s = remote_failure(e, peer);
+		return s ? fail(s) : Outcome::Unreachable;
 	}
 	/* The original value lands in the first 8 bytes of the local SGEs. */
 	const char *from = reinterpret_cast<const char *>(&old);
@@ -2049,6 +2073,10 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 		return Direct::NotTaken;
 	}
 	local_refs_.end_wr();
+	/* A responder that gave no answer: the general path retries (what
+	 * moved meanwhile went to a process that is gone or stuck). */
+	if (o == Outcome::Unreachable)
+		return Direct::NotTaken;
 	complete_send(wr.wr_id, wr.send_flags, wr.op.opcode, wc.status, wc.byte_len);
 	return o == Outcome::Fatal ? Direct::Fatal : Direct::Done;
 }

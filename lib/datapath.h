@@ -490,7 +490,9 @@ private:
 	 * not with our send lock held). The QP's state or `dead` was stored
 	 * first (seq_cst), so that a sender counted in later sees it. */
 	void drain_senders(std::chrono::milliseconds bound, bool own_engines);
-	enum class Outcome { Done, Wait, Fatal };
+	/* Unreachable (one_sided() only): the responder gave no answer, gone
+	 * or stuck; the caller retries until timeout x retry_cnt. */
+	enum class Outcome { Done, Wait, Fatal, Unreachable };
 	Outcome execute(SendWr &wr, struct ibv_wc &wc);
 	Outcome execute_wr(SendWr &wr, struct ibv_wc &wc);
 	/* Executes one WR at once (sq_lock_ held, queue empty): false when it

@@ -295,10 +295,14 @@ int fetch_process_fd(const PeerSegment &peer, uint32_t slot, int &fd)
 	return 0;
 }
 
-/* The error an operation reports for a failure of the peer's side. */
+/* The error an operation reports for a failure of the peer's side: ESRCH
+ * gone, ETIMEDOUT no answer in time (stopped, or its helper stuck), EFAULT
+ * its memory refused. */
 int peer_error(const PeerSegment &peer, int err)
 {
-	return err == EPIPE || err == ESRCH || !peer.alive() ? ESRCH : EFAULT;
+	if (err == EPIPE || err == ESRCH || !peer.alive())
+		return ESRCH;
+	return err == ETIMEDOUT ? ETIMEDOUT : EFAULT;
 }
 
 /* Another process's memory file, through windows of it. */
@@ -382,7 +386,8 @@ public:
 		if (int err = client(peer, c))
 			return err;
 		for (int i = 0; i < count; i++) {
-			if (int err = memshare::bounce_write(*c, addr, local[i].iov_base, local[i].iov_len))
+			if (int err = memshare::bounce_write(*c, addr, local[i].iov_base, local[i].iov_len,
+							     peer.owner_alive_word()))
 				return peer_error(peer, err);
 			addr += local[i].iov_len;
 		}
@@ -395,7 +400,8 @@ public:
 		if (int err = client(peer, c))
 			return err;
 		for (int i = 0; i < count; i++) {
-			if (int err = memshare::bounce_read(*c, local[i].iov_base, addr, local[i].iov_len))
+			if (int err = memshare::bounce_read(*c, local[i].iov_base, addr, local[i].iov_len,
+							    peer.owner_alive_word()))
 				return peer_error(peer, err);
 			addr += local[i].iov_len;
 		}
@@ -408,8 +414,10 @@ public:
 		if (int err = client(peer, c))
 			return err;
 		int err = op == AtomicOp::FetchAdd
-				  ? memshare::bounce_atomic(*c, memshare::BounceOp::fetch_add, addr, a, 0, old)
-				  : memshare::bounce_atomic(*c, memshare::BounceOp::cmp_swap, addr, b, a, old);
+				  ? memshare::bounce_atomic(*c, memshare::BounceOp::fetch_add, addr, a, 0, old,
+							    peer.owner_alive_word())
+				  : memshare::bounce_atomic(*c, memshare::BounceOp::cmp_swap, addr, b, a, old,
+							    peer.owner_alive_word());
 		return err ? peer_error(peer, err) : 0;
 	}
 

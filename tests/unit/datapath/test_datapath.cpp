@@ -590,28 +590,71 @@ TEST_CASE("a dead peer: RETRY_EXC_ERR after timeout x retry_cnt, nobody hangs",
 	  "[datapath][process]")
 {
 	/* The first WR to the peer, or one after a stream of them (which
-	 * the engine sends a shorter way, the target and keys held). */
-	const enum ibv_wr_opcode op = GENERATE(IBV_WR_SEND, IBV_WR_RDMA_WRITE);
+	 * the engine sends a shorter way, the target and keys held); the
+	 * peer reaped, or a zombie still (kill(0) finds it; its segment's
+	 * owner-alive word does not). Whatever path reaches its memory
+	 * (unit-datapath-cma, -bounce), a responder that is gone answers
+	 * nothing: never an access error. */
+	const enum ibv_wr_opcode op =
+		GENERATE(IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD);
 	const int before = GENERATE(0, 2);
-	CAPTURE(op, before);
+	const bool reaped = GENERATE(true, false);
+	CAPTURE(op, before, reaped);
 	TargetProc t;
 	Node n;
 	REQUIRE(n.connect(t.qpn) == 0);
 	t.send("connect " + std::to_string(n.qp->qp_num) + " 4");
 	REQUIRE(t.line() == "ready\n");
 	struct ibv_wc wc{};
+	const uint32_t len = op == IBV_WR_ATOMIC_FETCH_AND_ADD ? 8 : 4;
 	for (int i = 0; i < before; i++) {
-		REQUIRE(post(n, op, 0, 4, t.addr, t.rkey, 10 + uint64_t(i)) == 0);
+		REQUIRE(post(n, op, 0, len, t.addr, t.rkey, 10 + uint64_t(i)) == 0);
 		REQUIRE(n.wait_wc(wc));
 		REQUIRE(wc.status == IBV_WC_SUCCESS);
 	}
 	kill(t.pid, SIGKILL);
-	waitpid(t.pid, nullptr, 0);
-	t.pid = -1;
-	REQUIRE(post(n, op, 0, 4, t.addr, t.rkey, 1) == 0);
-	REQUIRE(n.wait_wc(wc));
+	if (reaped) {
+		waitpid(t.pid, nullptr, 0);
+		t.pid = -1;
+	} else {
+		siginfo_t si{};
+		REQUIRE(waitid(P_PID, id_t(t.pid), &si, WEXITED | WNOWAIT) == 0); /* a zombie now */
+	}
+	REQUIRE(post(n, op, 0, len, t.addr, t.rkey, 1) == 0);
+	REQUIRE(n.wait_wc(wc, 3000)); /* not the bounce path's 5 s */
 	CHECK(wc.wr_id == 1);
 	CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
+	if (!reaped) {
+		waitpid(t.pid, nullptr, 0);
+		t.pid = -1;
+	}
+}
+
+TEST_CASE("a stopped peer: its memory is written where the path reaches it alone; through "
+	  "its bounce helper, RETRY_EXC_ERR",
+	  "[datapath][process]")
+{
+	/* A NIC writes into a stopped process's memory; so do the shared
+	 * mapping and cross-memory attach. The bounce path needs the
+	 * target's helper thread, stopped with it: no answer within the
+	 * path's 5 s is the transport's retry exhausted, never an access
+	 * error that blames the rkey. */
+	TargetProc t;
+	Node n;
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num) + " 4");
+	REQUIRE(t.line() == "ready\n");
+	const char *path = std::getenv("SHMVERBS_MEMORY_PATH");
+	const bool bounce = path && std::strcmp(path, "bounce") == 0;
+	REQUIRE(kill(t.pid, SIGSTOP) == 0);
+	siginfo_t si{};
+	REQUIRE(waitid(P_PID, id_t(t.pid), &si, WSTOPPED) == 0); /* stopped now */
+	REQUIRE(post(n, IBV_WR_RDMA_WRITE, 0, 16, t.addr, t.rkey, 1) == 0);
+	struct ibv_wc wc{};
+	const bool got = n.wait_wc(wc);
+	kill(t.pid, SIGCONT);
+	REQUIRE(got);
+	CHECK(wc.status == (bounce ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS));
 }
 
 /* libmlx5 checks a WR's opcode (EINVAL), then its SGE count against the
