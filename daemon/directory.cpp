@@ -6,9 +6,40 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace shmverbs::broker {
+
+Directory::Directory(uint32_t id_limit, IdMarks start, std::function<void(const IdMarks &)> save)
+	: id_limit_(id_limit), save_marks_(std::move(save)), marks_(std::move(start))
+{
+	for (auto &[k, next] : marks_) {
+		if (next < first_object_id || next >= id_limit_)
+			next = first_object_id; /* not ours to trust: from the start */
+		spaces_[k].next = next;
+	}
+}
+
+uint32_t Directory::advance(uint32_t n, uint32_t by) const
+{
+	const uint64_t range = id_limit_ - first_object_id;
+	return first_object_id + uint32_t((uint64_t(n - first_object_id) + by) % range);
+}
+
+void Directory::keep_mark(uint64_t k, IdSpace &space, uint32_t n)
+{
+	if (!save_marks_)
+		return;
+	const uint32_t range = id_limit_ - first_object_id;
+	const uint32_t step = std::min(mark_step, range / 2);
+	if (space.saved && (n + range - space.saved_at) % range < step)
+		return; /* behind the mark saved last */
+	space.saved = true;
+	space.saved_at = n;
+	marks_[k] = advance(n, step);
+	save_marks_(marks_);
+}
 
 Directory::Key Directory::key_of(uint32_t device, uint8_t kind, uint32_t id)
 {
@@ -71,6 +102,7 @@ int Directory::alloc_id(ClientId client, uint32_t device, uint8_t kind, uint32_t
 		if (++n >= id_limit_)
 			n = first_object_id;
 	}
+	keep_mark(key_of(device, kind, 0), space, n);
 	space.next = n + 1 >= id_limit_ ? first_object_id : n + 1;
 	space.in_use++;
 	ids_handed_out_++;
@@ -171,7 +203,9 @@ int Directory::publish(ClientId client, const ObjectName &object, uint64_t segme
 {
 	int err;
 	Object *obj = owned_object(client, object, &err);
-	if (!obj)
+	/* A number nobody holds: taken if the rest is right. */
+	const bool adopt = !obj && err == ENOENT && clients_.count(client);
+	if (!obj && !adopt)
 		return err;
 	auto seg = segments_.find(segment);
 	if (seg == segments_.end())
@@ -183,6 +217,13 @@ int Directory::publish(ClientId client, const ObjectName &object, uint64_t segme
 		return errno;
 	if (offset >= uint64_t(st.st_size))
 		return EINVAL;
+	if (adopt) {
+		const Key key = key_of(object.device, object.kind, object.id);
+		obj = &objects_[key];
+		obj->owner = client;
+		clients_[client].objects.insert(key);
+		spaces_[key_of(object.device, object.kind, 0)].in_use++;
+	}
 	unpublish(*obj);
 	obj->segment = segment;
 	obj->offset = offset;

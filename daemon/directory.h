@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -51,11 +52,25 @@ struct DirectoryStats {
 	uint64_t ids_handed_out = 0;
 };
 
+/*
+ * Where each number space goes on from in a directory that replaces a dead
+ * one (its broker killed while its clients live on with their numbers):
+ * by key_of(device, kind, 0), the next number to hand out. The numbers a
+ * directory hands out stay behind the marks it saved last, so its
+ * successor, started from them, gives none of them out again.
+ */
+using IdMarks = std::map<uint64_t, uint32_t>;
+
 class Directory {
 public:
 	/* id_limit: numbers are handed out from [first_object_id, id_limit);
-	 * tests use a small space to reach wrap-around and exhaustion. */
-	explicit Directory(uint32_t id_limit = object_id_limit) : id_limit_(id_limit) {}
+	 * tests use a small space to reach wrap-around and exhaustion. `start`:
+	 * the marks of a predecessor; `save`, if set, is called with new
+	 * marks before a number beyond those it last saved is handed out. */
+	explicit Directory(uint32_t id_limit = object_id_limit, IdMarks start = {},
+			   std::function<void(const IdMarks &)> save = {});
+	/* Numbers handed out between two saves of the marks. */
+	static constexpr uint32_t mark_step = 4096;
 
 	void add_client(ClientId client, pid_t pid);
 	/* Forgets a client and everything it owned. Returns the other clients
@@ -67,7 +82,10 @@ public:
 	int free_id(ClientId client, const ObjectName &object);
 	int register_segment(ClientId client, UniqueFd fd, uint64_t *segment, uint64_t *size);
 	int unregister_segment(ClientId client, uint64_t segment);
-	/* An object may be published again, e.g. moved to another segment. */
+	/* An object may be published again, e.g. moved to another segment. A
+	 * number this directory never handed out and nobody holds is taken
+	 * by the publisher: what a client republishes after its broker died
+	 * (the successor's marks keep such numbers out of its own hands). */
 	int publish(ClientId client, const ObjectName &object, uint64_t segment, uint64_t offset);
 	/* Resolving one's own object is allowed and watches nobody. */
 	int resolve(ClientId client, const ObjectName &object, Resolution *out);
@@ -117,7 +135,14 @@ private:
 	struct IdSpace {
 		uint32_t next = first_object_id;
 		uint32_t in_use = 0;
+		bool saved = false;     /* a mark was saved for it */
+		uint32_t saved_at = 0;  /* the number handed out when it was */
 	};
+	/* Before number `n` of `space` (key `k`) is handed out: saves new
+	 * marks when `n` is mark_step or more past the last save. */
+	void keep_mark(uint64_t k, IdSpace &space, uint32_t n);
+	/* `n` moved on by `by` in the round-robin order of the space. */
+	uint32_t advance(uint32_t n, uint32_t by) const;
 
 	static Key key_of(uint32_t device, uint8_t kind, uint32_t id);
 	int check_name(const ObjectName &object) const;
@@ -128,6 +153,8 @@ private:
 	std::shared_ptr<const AttachedFile> share_file(Client &c, UniqueFd fd);
 
 	uint32_t id_limit_;
+	std::function<void(const IdMarks &)> save_marks_;
+	IdMarks marks_;
 	uint64_t next_segment_ = 1;
 	uint64_t next_file_id_ = 1;
 	uint64_t ids_handed_out_ = 0;

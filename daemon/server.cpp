@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 
@@ -55,6 +56,44 @@ bool op_takes_fd(Op op)
 	return op == Op::RegisterSegment || op == Op::AttachFd;
 }
 
+/* The number marks (directory.h IdMarks) beside the socket: written by a
+ * broker as it hands numbers out, read by the broker that replaces it, so
+ * that one killed while its clients live on does not see its numbers given
+ * out again (a QP number twice on a device would deliver to the wrong QP). */
+std::string marks_path(const std::string &socket_path) { return socket_path + ".ids"; }
+
+IdMarks load_marks(const std::string &path)
+{
+	IdMarks marks;
+	FILE *f = std::fopen(path.c_str(), "re");
+	if (!f)
+		return marks;
+	unsigned long long key;
+	unsigned next;
+	while (std::fscanf(f, "%llu %u", &key, &next) == 2)
+		marks[key] = next;
+	std::fclose(f);
+	return marks;
+}
+
+/* Written aside and renamed over the old file: a broker killed while it
+ * writes leaves the previous marks, which cover fewer numbers than it
+ * handed out only if it handed out mark_step since, which it cannot have
+ * done before the save that was cut short returned. */
+void save_marks(const std::string &path, const IdMarks &marks)
+{
+	const std::string tmp = path + ".new";
+	FILE *f = std::fopen(tmp.c_str(), "we");
+	if (!f) {
+		log_always("cannot write %s: %s", tmp.c_str(), std::strerror(errno));
+		return;
+	}
+	for (const auto &[key, next] : marks)
+		std::fprintf(f, "%llu %u\n", static_cast<unsigned long long>(key), next);
+	if (std::fclose(f) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0)
+		log_always("cannot write %s: %s", path.c_str(), std::strerror(errno));
+}
+
 } // namespace
 
 struct Server::Connection {
@@ -76,7 +115,11 @@ struct Server::Connection {
 };
 
 Server::Server(asio::io_context &io, ServerOptions options)
-	: io_(io), options_(std::move(options)), acceptor_(io), idle_timer_(io)
+	: io_(io), options_(std::move(options)), acceptor_(io), idle_timer_(io),
+	  directory_(object_id_limit, load_marks(marks_path(options_.socket_path)),
+		     [path = marks_path(options_.socket_path)](const IdMarks &m) {
+			     save_marks(path, m);
+		     })
 {
 }
 
@@ -115,6 +158,10 @@ void Server::stop(const char *why)
 	/* Remove the socket while we still hold the daemon lock, so that a
 	 * successor never finds a socket nobody serves. */
 	::unlink(options_.socket_path.c_str());
+	/* Without a client no number is in use: a successor may start from
+	 * the beginning. A broker stopped with clients leaves them. */
+	if (connections_.empty())
+		::unlink(marks_path(options_.socket_path).c_str());
 	error_code ignored;
 	acceptor_.close(ignored);
 	idle_timer_.cancel();

@@ -356,6 +356,11 @@ TEST_CASE("a broker that dies is replaced on the next call", "[broker]")
 	CHECK(info.broker_pid != first);
 	CHECK(info.ids_in_use == 0);
 	CHECK(client().generation() == generation + 1);
+	/* The dead broker's numbers may still be in use: the new one goes on
+	 * from the marks the old one left beside the socket. */
+	uint32_t next;
+	REQUIRE(client().alloc_id(0, ObjectKind::Qp, &next) == 0);
+	CHECK(next != id);
 }
 
 TEST_CASE("when no broker can be started, calls fail at once with an errno", "[broker]")

@@ -288,3 +288,71 @@ TEST_CASE("a file attached to many objects is held once", "[directory]")
 		CHECK(open_fds() == before);
 	}
 }
+
+TEST_CASE("a directory that replaces a dead one hands out none of its numbers again",
+	  "[directory]")
+{
+	/* The first saves its marks before it hands a number out beyond
+	 * those it saved; the second starts from them. */
+	constexpr uint32_t limit = 3 * Directory::mark_step;
+	IdMarks saved;
+	unsigned saves = 0;
+	std::set<uint32_t> first_ids;
+	{
+		Directory first(limit, {}, [&](const IdMarks &m) {
+			saved = m;
+			saves++;
+		});
+		first.add_client(1, 100);
+		for (uint32_t i = 0; i < Directory::mark_step + 10; i++) {
+			uint32_t id;
+			REQUIRE(first.alloc_id(1, 0, qp, &id) == 0);
+			first_ids.insert(id);
+		}
+		uint32_t other;
+		REQUIRE(first.alloc_id(1, 1, srq, &other) == 0); /* a space of its own */
+	}
+	CHECK(saves == 3); /* QPs at the first and the mark_step-th number, the SRQ */
+	REQUIRE(saved.size() == 2);
+	Directory second(limit, saved);
+	second.add_client(2, 200);
+	for (uint32_t i = 0; i < 100; i++) {
+		uint32_t id;
+		REQUIRE(second.alloc_id(2, 0, qp, &id) == 0);
+		CHECK(first_ids.count(id) == 0);
+	}
+	uint32_t srq_id;
+	REQUIRE(second.alloc_id(2, 1, srq, &srq_id) == 0);
+	CHECK(srq_id != first_object_id);
+	/* A mark out of the space counts for nothing. */
+	Directory third(limit, {{saved.begin()->first, limit + 5}});
+	third.add_client(1, 100);
+	uint32_t id;
+	REQUIRE(third.alloc_id(1, 0, qp, &id) == 0);
+	CHECK(id == first_object_id);
+}
+
+TEST_CASE("a client republishing a number the broker never handed out takes it", "[directory]")
+{
+	/* After its broker died: the new one learns the number from the
+	 * publish, and resolves it for others. */
+	Directory dir;
+	dir.add_client(1, 100);
+	dir.add_client(2, 200);
+	uint64_t seg, size;
+	REQUIRE(dir.register_segment(1, segment_fd(), &seg, &size) == 0);
+	CHECK(dir.publish(1, name(0, qp, 4242), 999, 0) == ENOENT); /* nothing taken */
+	CHECK(dir.stats().ids_in_use == 0);
+	REQUIRE(dir.publish(1, name(0, qp, 4242), seg, 64) == 0);
+	CHECK(dir.stats().ids_in_use == 1);
+	Resolution res;
+	REQUIRE(dir.resolve(2, name(0, qp, 4242), &res) == 0);
+	CHECK(res.owner_pid == 100);
+	CHECK(res.offset == 64);
+	uint64_t their_seg;
+	REQUIRE(dir.register_segment(2, segment_fd(), &their_seg, &size) == 0);
+	CHECK(dir.publish(2, name(0, qp, 4242), their_seg, 0) == EPERM); /* held now */
+	REQUIRE(dir.free_id(1, name(0, qp, 4242)) == 0);
+	CHECK(dir.stats().ids_in_use == 0);
+}
+
