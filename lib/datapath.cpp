@@ -491,9 +491,20 @@ void QpEngine::drain_senders(std::chrono::milliseconds bound, bool own_engines)
 	 * that found the QP ready is gone once the count is seen at zero. */
 	if (own_engines)
 		for_each_engine([this](QpEngine &e) { e.drop_target(*desc_); });
-	const auto give_up = Clock::now() + bound;
-	while (desc_->inflight.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
-		std::this_thread::yield();
+	/* A live sender lets go within microseconds, or at its progress
+	 * thread's next sweep; one that died holding the count never does
+	 * (the count is anonymous) and costs the whole bound: after the
+	 * first millisecond the wait sleeps rather than spins, so that a
+	 * process destroying many QPs of a dead peer does not hold a CPU
+	 * for it. */
+	const auto start = Clock::now();
+	const auto give_up = start + bound;
+	while (desc_->inflight.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up) {
+		if (Clock::now() - start < std::chrono::milliseconds(1))
+			std::this_thread::yield();
+		else
+			std::this_thread::sleep_for(std::chrono::microseconds(500));
+	}
 }
 
 /* ---- Control-path hooks (core lock held) ---- */

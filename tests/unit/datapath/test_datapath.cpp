@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -897,6 +898,44 @@ TEST_CASE("reset while a peer's SENDs are landing: no completion of the QP after
 	REQUIRE(std::sscanf(t.line().c_str(), "sent %u %d", &ok, &status) == 2);
 	CHECK(ok >= 1);
 	CHECK(status == IBV_WC_RETRY_EXC_ERR);
+}
+
+TEST_CASE("destroy_qp waits out a dead sender's hold asleep, not spinning a CPU",
+	  "[datapath][process]")
+{
+	/* A sender killed mid-stream leaves its hold on our QP's in-flight
+	 * count (anonymous: nobody can tell it is the dead one's), and
+	 * ibv_destroy_qp waits out its bound for it (2 s); a process
+	 * destroying the QPs of a crashed peer must not spend a CPU on that
+	 * for each. */
+	shmv_test::TargetPeer t({"self", "--sender"});
+	Node n(false, BufKind::Heap, size_t(big_message) * big_receives);
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num));
+	REQUIRE(t.line() == "ready\n");
+	for (unsigned i = 0; i < big_receives; i++)
+		REQUIRE(n.post_recv(i, i * big_message, big_message) == 0);
+	t.send("send");
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	REQUIRE(wc.status == IBV_WC_SUCCESS);
+	kill(t.pid, SIGKILL);
+	waitpid(t.pid, nullptr, 0);
+	t.pid = -1;
+	struct rusage r0, r1;
+	REQUIRE(getrusage(RUSAGE_THREAD, &r0) == 0);
+	const auto start = std::chrono::steady_clock::now();
+	REQUIRE(ibv_destroy_qp(n.qp) == 0);
+	n.qp = nullptr;
+	const double wall =
+		std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+	REQUIRE(getrusage(RUSAGE_THREAD, &r1) == 0);
+	auto secs = [](const struct timeval &tv) { return double(tv.tv_sec) + tv.tv_usec / 1e6; };
+	const double cpu = secs(r1.ru_utime) + secs(r1.ru_stime) - secs(r0.ru_utime) -
+			   secs(r0.ru_stime);
+	CAPTURE(wall, cpu);
+	CHECK(wall < 3.0);
+	CHECK(cpu < 0.2);
 }
 
 TEST_CASE("completion channel: a SEND wakes a peer sleeping in poll() on its channel",
