@@ -374,6 +374,7 @@ QpEngine::QpEngine(Qp &qp)
 	: qp_(qp), core_(*qp.core), seg_(Segment::of(qp.core->device->index)), device_(qp.core->device->index),
 	  qpn_(qp.core->qp_num), type_(qp.core->type), allowed_ops_(0), direct_ops_(0), lane_ops_(0),
 	  rxe_(qp.core->device->profile->is(ProfileKind::Rxe)),
+	  max_msg_(qp.core->device->profile->port_attr(LinkLayer::InfiniBand).max_msg_sz),
 	  pdn_(qp.pd ? qp.pd->pdn : 0),
 	  send_cq_(qp.send_cq), recv_cq_(qp.recv_cq),
 	  send_target_(send_cq_ && send_cq_->ring ? own_cq_target(*send_cq_->ring) : CqTarget{}),
@@ -1386,6 +1387,13 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 	 * has no SGE to land in (a malformed WQE). */
 	if (into_local && !wr.inline_data.empty())
 		return fail(IBV_WC_LOC_QP_OP_ERR);
+	if (type_ != IBV_QPT_UD) { /* before any piece is looked at */
+		uint64_t total = wr.inline_data.size();
+		for (const struct ibv_sge &s : wr.sge)
+			total += s.length;
+		if (total > max_msg_)
+			return fail(IBV_WC_LOC_LEN_ERR);
+	}
 	if (!wr.inline_data.empty()) {
 		local.push_back({wr.inline_data.data(), wr.inline_data.size()});
 		length = wr.inline_data.size();
@@ -2065,6 +2073,10 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 	struct iovec few[4];
 	std::span<const struct iovec> local;
 	uint64_t length = 0;
+	for (const struct ibv_sge &s : wr.sge)
+		length += s.length;
+	if (length > max_msg_)
+		return Direct::NotTaken; /* execute()'s LOC_LEN_ERR */
 	if (!direct_local(wr.sge, wr.inlined, local_access, few, local, length))
 		return Direct::NotTaken;
 	/* ibv_post_send's inline data over the limit: fill()'s EINVAL (the

@@ -616,6 +616,8 @@ private:
 					      const void *&from)
 	{
 		from = reinterpret_cast<const void *>(s.addr);
+		if (s.length > max_msg_)
+			return false; /* execute()'s LOC_LEN_ERR */
 		if (inlined)
 			return s.length <= core_.caps.created.max_inline_data;
 		if (!s.length)
@@ -745,6 +747,9 @@ private:
 	uint32_t lane_ops_; /* those of them direct_one() takes */
 	/* The rxe profile: librxe's checks of a WR at post (rxe_refuses()). */
 	bool rxe_;
+	/* The port's max_msg_sz: a longer message of a connected QP is the
+	 * requester's IBV_WC_LOC_LEN_ERR, as the device's (log_max_msg). */
+	uint64_t max_msg_;
 	uint32_t pdn_;
 	Cq *send_cq_;
 	Cq *recv_cq_;

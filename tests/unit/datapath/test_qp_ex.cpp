@@ -1274,3 +1274,41 @@ TEST_CASE("a QP's receive WQE leaves out its zero-length SGEs: their keys are ne
 		ibv_destroy_ah(ah);
 }
 
+TEST_CASE("a message over the port's max_msg_sz is the requester's LOC_LEN_ERR",
+	  "[qpex][opcodes]")
+{
+	/* The device's log_max_msg (ibv_query_port: max_msg_sz, 1 GiB); the
+	 * null MR stands for the memory such a message would need. The
+	 * limit is checked before anything moves. */
+	const enum ibv_qp_type type = GENERATE(IBV_QPT_RC, IBV_QPT_UC);
+	const enum ibv_wr_opcode op = GENERATE(IBV_WR_RDMA_WRITE, IBV_WR_SEND, IBV_WR_RDMA_READ);
+	if (type == IBV_QPT_UC && op == IBV_WR_RDMA_READ)
+		return;
+	CAPTURE(type, op);
+	Options o;
+	o.type = type;
+	Pair p(o);
+	p.connect();
+	struct ibv_port_attr port{};
+	REQUIRE(ibv_query_port(p.ctx, 1, &port) == 0);
+	REQUIRE(port.max_msg_sz == 1u << 30);
+	struct ibv_mr *null_mr = ibv_alloc_null_mr(p.pd);
+	REQUIRE(null_mr);
+	REQUIRE(Pair::post_recv(p.b, 1, 0, 64) == 0);
+	struct ibv_sge sg = {0, port.max_msg_sz + 1, null_mr->lkey};
+	struct ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 3;
+	wr.opcode = op;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sg;
+	wr.num_sge = 1;
+	wr.wr.rdma = {p.b.addr(0), p.b.mr->rkey};
+	REQUIRE(ibv_post_send(p.a.qp, &wr, &bad) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(Pair::wait_wc(p.a, wc));
+	CHECK(wc.wr_id == 3);
+	CHECK(wc.status == IBV_WC_LOC_LEN_ERR);
+	CHECK(state_of(p.a.qp) == (type == IBV_QPT_RC ? IBV_QPS_ERR : IBV_QPS_SQE));
+	CHECK(Pair::quiet(p.b)); /* nothing reached the responder */
+	ibv_dereg_mr(null_mr);
+}
