@@ -524,6 +524,10 @@ void QpEngine::snapshot_attr()
 	 * max_dest_rd_atomic). */
 	desc_->access_flags.store(core_.device->profile->responder_access(attr_),
 				  std::memory_order_release);
+	const Port *port = core_.device->port(uint8_t(attr_.port_num));
+	const bool ib = port && port->attr.link_layer == IBV_LINK_LAYER_INFINIBAND;
+	lrh_slid_ = ib ? port->attr.lid : 0;
+	lrh_sl_ = ib ? attr_.ah_attr.sl : 0;
 }
 
 void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
@@ -1631,6 +1635,8 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 			rc.wc.imm_data = wr.imm_data;
 			rc.wc.wc_flags = IBV_WC_WITH_IMM;
 			rc.wc.src_qp = qpn_;
+			rc.wc.slid = lrh_slid_;
+			rc.wc.sl = lrh_sl_;
 			rc.solicited = wr.send_flags & IBV_SEND_SOLICITED;
 			produce_recv(rc);
 		}
@@ -1663,6 +1669,8 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 			room += s.length;
 		Completion rc = make_completion(wqe.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, target_qpn);
 		rc.wc.src_qp = qpn_;
+		rc.wc.slid = lrh_slid_;
+		rc.wc.sl = lrh_sl_;
 		rc.solicited = wr.send_flags & IBV_SEND_SOLICITED;
 		if (wr.opcode == IBV_WR_SEND_WITH_IMM) {
 			rc.wc.imm_data = wr.imm_data;
@@ -2258,8 +2266,8 @@ bool QpEngine::send_direct(enum ibv_wr_opcode opcode, unsigned int send_flags, u
 				 qpn_,
 				 imm ? uint32_t(IBV_WC_WITH_IMM) : 0,
 				 bool(send_flags & IBV_SEND_SOLICITED),
-				 0,
-				 0};
+				 lrh_slid_,
+				 lrh_sl_};
 	if (recv_cq_seen_.ring != target_.cq.ring)
 		recv_cq_seen_ = {target_.cq.ring, 0};
 	if (cq_ring_produce(target_.cq, rc,

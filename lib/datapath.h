@@ -750,6 +750,12 @@ private:
 	/* The port's max_msg_sz: a longer message of a connected QP is the
 	 * requester's IBV_WC_LOC_LEN_ERR, as the device's (log_max_msg). */
 	uint64_t max_msg_;
+	/* What this QP's messages carry in their LRH on InfiniBand (0 on
+	 * Ethernet), which the responder's receive completions report as
+	 * slid and sl for every QP type, as mlx5's CQE does
+	 * (snapshot_attr()). */
+	uint16_t lrh_slid_ = 0;
+	uint8_t lrh_sl_ = 0;
 	uint32_t pdn_;
 	Cq *send_cq_;
 	Cq *recv_cq_;

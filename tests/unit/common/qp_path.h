@@ -24,6 +24,7 @@ struct QpPath {
 	uint8_t timeout = 10;      /* 4 ms */
 	uint8_t retry_cnt = 3;
 	uint8_t rnr_retry = 7;
+	uint8_t sl = 0; /* RTR ah_attr.sl (not UD) */
 };
 
 /* RESET -> INIT on port 1: an errno, 0 on success. */
@@ -60,6 +61,7 @@ inline int qp_init_to_rts(struct ibv_qp *qp, enum ibv_qp_type type, uint32_t des
 		a.path_mtu = IBV_MTU_1024;
 		a.dest_qp_num = dest;
 		a.ah_attr.dlid = dlid;
+		a.ah_attr.sl = p.sl;
 		a.ah_attr.port_num = 1;
 		mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
 		if (reliable) {

@@ -1312,3 +1312,37 @@ TEST_CASE("a message over the port's max_msg_sz is the requester's LOC_LEN_ERR",
 	CHECK(Pair::quiet(p.b)); /* nothing reached the responder */
 	ibv_dereg_mr(null_mr);
 }
+
+TEST_CASE("RC and UC receive completions carry the sender's LID and SL on InfiniBand",
+	  "[qpex][opcodes]")
+{
+	/* mlx5's CQE gives slid and sl from the packet's LRH for every QP
+	 * type (handle_responder), not only UD's. */
+	const enum ibv_qp_type type = GENERATE(IBV_QPT_RC, IBV_QPT_UC);
+	const enum ibv_wr_opcode op = GENERATE(IBV_WR_SEND, IBV_WR_RDMA_WRITE_WITH_IMM);
+	CAPTURE(type, op);
+	Options o;
+	o.type = type;
+	Pair p(o);
+	shmv_test::QpPath path;
+	path.access = IBV_ACCESS_REMOTE_WRITE;
+	path.sl = 5;
+	REQUIRE(shmv_test::qp_to_rts(p.a.qp, type, p.b.qp->qp_num, p.lid, path) == 0);
+	REQUIRE(shmv_test::qp_to_rts(p.b.qp, type, p.a.qp->qp_num, p.lid, path) == 0);
+	REQUIRE(Pair::post_recv(p.b, 8, 0, 64) == 0);
+	for (int i = 0; i < 2; i++) { /* the first and a later one (direct path) */
+		struct ibv_send_wr wr{};
+		wr.wr.rdma = {p.b.addr(256), p.b.mr->rkey};
+		REQUIRE(Pair::post8(p.a, op, 1, wr) == 0);
+		struct ibv_wc wc{};
+		REQUIRE(Pair::wait_wc(p.a, wc));
+		REQUIRE(wc.status == IBV_WC_SUCCESS);
+		REQUIRE(Pair::wait_wc(p.b, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.src_qp == p.a.qp->qp_num);
+		CHECK(wc.slid == p.lid);
+		CHECK(wc.sl == 5);
+		REQUIRE(Pair::post_recv(p.b, 9, 0, 64) == 0);
+	}
+}
+
