@@ -348,7 +348,10 @@ template <typename Fill, typename Done>
 int BounceClient::transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Done &&done,
 			   const int *alive)
 {
-	const Watch w = watch(alive); /* one deadline for every chunk */
+	/* One deadline for the chunks in flight, moved on by each one that
+	 * completes: what runs out is the time without an answer, not the
+	 * time a long transfer takes. */
+	Watch w = watch(alive);
 	/* Half the slots at most, so that other initiators of this target
 	 * still find some free. */
 	constexpr uint32_t kMaxInFlight = 8;
@@ -362,8 +365,10 @@ int BounceClient::transfer(BounceOp op, uint64_t va, size_t len, Fill &&fill, Do
 	auto retire = [&] {
 		Chunk &c = q[head];
 		int e = wait(c.slot, w);
-		if (!e)
+		if (!e) {
 			done(c.slot, c.off, c.n);
+			w.deadline_ns = watch(alive).deadline_ns;
+		}
 		e = let_go(c.slot, e);
 		if (!err)
 			err = e;

@@ -146,8 +146,9 @@ private:
 	friend int bounce_atomic(BounceClient &, BounceOp, uint64_t, uint64_t, uint64_t,
 				 uint64_t *, const int *);
 	BounceClient() = default;
-	/* What one operation waits for: a deadline (timeout_ms from its
-	 * start, for all its chunks) and the target's owner-alive word
+	/* What one operation waits for: a deadline (timeout_ms without an
+	 * answer: from its start, then from its last chunk done, for all
+	 * the chunks in flight) and the target's owner-alive word
 	 * (shm_layout.h SegmentHeader::owner_alive, or nullptr), which tells
 	 * a target that died but is not reaped yet, as kill(0) cannot. */
 	struct Watch {
@@ -185,8 +186,8 @@ private:
 
 /* Copies len bytes to/from the target's address va through the bounce slots
  * (in slot_size chunks, in order). 0, or a positive errno: EFAULT/EACCES
- * (rejected by the target's Validate), ETIMEDOUT (the whole operation took
- * longer than the client's timeout), EPIPE (target died). `alive`: the
+ * (rejected by the target's Validate), ETIMEDOUT (no chunk done within the
+ * client's timeout), EPIPE (target died). `alive`: the
  * target's owner-alive word, when the caller has its segment mapped. */
 int bounce_write(BounceClient &c, uint64_t va, const void *src, size_t len,
 		 const int *alive = nullptr);

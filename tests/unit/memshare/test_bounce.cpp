@@ -350,3 +350,80 @@ TEST_CASE("a long transfer keeps chunks in flight and lands its last chunk last"
 	CHECK(w.waiting_at_last == 0);
 	CHECK(w.max_posted_before_last == chunks - 1);
 }
+
+namespace {
+
+/* A helper whose every request takes `ms` (a slow or stuck target). */
+struct Slow {
+	int ms;
+};
+BounceServer::Access slowly(void *ctx, uint64_t, uint64_t, bool)
+{
+	usleep(useconds_t(static_cast<Slow *>(ctx)->ms) * 1000);
+	return BounceServer::Access::allowed;
+}
+
+} // namespace
+
+TEST_CASE("the bounce timeout runs while no chunk is answered, for all in flight together",
+	  "[bounce]")
+{
+	/* Like a NIC's ACK timeout: a transfer that keeps being answered
+	 * goes on however long it takes; one that is not fails once, after
+	 * the timeout, not after a timeout per chunk in flight. */
+	struct Result {
+		int slow_err;
+		int stuck_err;
+		double stuck_s;
+	};
+	int fds[2];
+	REQUIRE(pipe(fds) == 0);
+	int rc = run_child([&] {
+		constexpr uint32_t slot_size = 4096;
+		std::vector<char> target(16 * slot_size), src(target.size(), 'x');
+		const uint64_t va = uint64_t(uintptr_t(target.data()));
+		Result r{};
+		{
+			Slow slow{20}; /* 16 chunks: 320 ms, each well within 100 */
+			std::unique_ptr<BounceServer> srv(
+				BounceServer::create(16, slot_size, slowly, &slow).get());
+			if (!srv)
+				return 1;
+			std::unique_ptr<BounceClient> c(BounceClient::attach(srv->fd(), 100).get());
+			if (!c)
+				return 2;
+			r.slow_err = bounce_write(*c, va, src.data(), src.size());
+			c.reset();
+			srv.reset();
+		}
+		{
+			Slow stuck{1000}; /* the helper holds the first chunk 1 s */
+			std::unique_ptr<BounceServer> srv(
+				BounceServer::create(16, slot_size, slowly, &stuck).get());
+			if (!srv)
+				return 3;
+			std::unique_ptr<BounceClient> c(BounceClient::attach(srv->fd(), 100).get());
+			if (!c)
+				return 4;
+			const double t0 = now_s();
+			r.stuck_err = bounce_write(*c, va, src.data(), 8 * slot_size);
+			r.stuck_s = now_s() - t0;
+			c.reset();
+			srv.reset();
+		}
+		return write(fds[1], &r, sizeof(r)) == ssize_t(sizeof(r)) ? 0 : 5;
+	});
+	close(fds[1]);
+	Result r{};
+	const bool got = read(fds[0], &r, sizeof(r)) == ssize_t(sizeof(r));
+	close(fds[0]);
+	REQUIRE(rc == 0);
+	REQUIRE(got);
+	CHECK(r.slow_err == 0);
+	CHECK(r.stuck_err == ETIMEDOUT);
+	CAPTURE(r.stuck_s);
+	/* The chunk the helper holds: the timeout and its grace (200 ms);
+	 * the 7 behind it are withdrawn at once (one timeout each: 900 ms). */
+	CHECK(r.stuck_s < 0.6);
+}
+
