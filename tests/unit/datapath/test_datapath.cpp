@@ -864,6 +864,25 @@ TEST_CASE("a CQ grows beyond its ring while a peer process streams SENDs into it
 	CHECK(t.line() == "streamed 20000 1 0 16383\n");
 }
 
+namespace {
+
+/* Connects `n` to the "--sender" peer `t`, gives it big_receives receives
+ * and starts its stream of SENDs: the completion of the first to land. */
+struct ibv_wc start_stream(shmv_test::TargetPeer &t, Node &n)
+{
+	REQUIRE(n.connect(t.qpn) == 0);
+	t.send("connect " + std::to_string(n.qp->qp_num));
+	REQUIRE(t.line() == "ready\n");
+	for (unsigned i = 0; i < big_receives; i++)
+		REQUIRE(n.post_recv(i, i * big_message, big_message) == 0);
+	t.send("send");
+	struct ibv_wc wc{};
+	REQUIRE(n.wait_wc(wc));
+	return wc;
+}
+
+} // namespace
+
 /* mlx5: once ibv_modify_qp(RESET) returns, the QP's completions have left
  * its CQs (mlx5_cq_clean) and the device makes no more. A sender of another
  * process may be inside a SEND that took one of our receives just before
@@ -874,15 +893,8 @@ TEST_CASE("reset while a peer's SENDs are landing: no completion of the QP after
 {
 	shmv_test::TargetPeer t({"self", "--sender"});
 	Node n(false, BufKind::Heap, size_t(big_message) * big_receives);
-	REQUIRE(n.connect(t.qpn) == 0);
-	t.send("connect " + std::to_string(n.qp->qp_num));
-	REQUIRE(t.line() == "ready\n");
-	for (unsigned i = 0; i < big_receives; i++)
-		REQUIRE(n.post_recv(i, i * big_message, big_message) == 0);
-	t.send("send");
 	/* The first lands; the sender goes on with the next at once. */
-	struct ibv_wc wc{};
-	REQUIRE(n.wait_wc(wc));
+	struct ibv_wc wc = start_stream(t, n);
 	CHECK((wc.wr_id == 0 && wc.status == IBV_WC_SUCCESS));
 	struct ibv_qp_attr a{};
 	a.qp_state = IBV_QPS_RESET;
@@ -910,15 +922,7 @@ TEST_CASE("destroy_qp waits out a dead sender's hold asleep, not spinning a CPU"
 	 * for each. */
 	shmv_test::TargetPeer t({"self", "--sender"});
 	Node n(false, BufKind::Heap, size_t(big_message) * big_receives);
-	REQUIRE(n.connect(t.qpn) == 0);
-	t.send("connect " + std::to_string(n.qp->qp_num));
-	REQUIRE(t.line() == "ready\n");
-	for (unsigned i = 0; i < big_receives; i++)
-		REQUIRE(n.post_recv(i, i * big_message, big_message) == 0);
-	t.send("send");
-	struct ibv_wc wc{};
-	REQUIRE(n.wait_wc(wc));
-	REQUIRE(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(start_stream(t, n).status == IBV_WC_SUCCESS);
 	kill(t.pid, SIGKILL);
 	waitpid(t.pid, nullptr, 0);
 	t.pid = -1;
