@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "mr.h"
+#include "process.h"
 #include "remote_memory.h"
 
 #include <algorithm>
@@ -493,19 +494,31 @@ void QpEngine::drain_senders(std::chrono::milliseconds bound, bool own_engines)
 	if (own_engines)
 		for_each_engine([this](QpEngine &e) { e.drop_target(*desc_); });
 	/* A live sender lets go within microseconds, or at its progress
-	 * thread's next sweep; one that died holding the count never does
-	 * (the count is anonymous) and costs the whole bound: after the
-	 * first millisecond the wait sleeps rather than spins, so that a
-	 * process destroying many QPs of a dead peer does not hold a CPU
-	 * for it. */
+	 * thread's next sweep. One that died holding never does: its entry
+	 * in `holders` names it, and once it is gone its count is left out
+	 * (and the entry cleared for others); an anonymous count (no entry
+	 * was free) costs the whole bound. After the first millisecond the
+	 * wait sleeps rather than spins, and only then asks whether holders
+	 * are gone (a syscall or a /proc read each), so that a process
+	 * destroying many QPs of a dead peer spends neither time nor a CPU
+	 * on it. */
 	const auto start = Clock::now();
 	const auto give_up = start + bound;
-	while (desc_->inflight.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up) {
-		if (Clock::now() - start < std::chrono::milliseconds(1))
+	while (Clock::now() < give_up) {
+		const bool patient = Clock::now() - start < std::chrono::milliseconds(1);
+		if (!held_by_others(!patient))
+			return;
+		if (patient)
 			std::this_thread::yield();
 		else
 			std::this_thread::sleep_for(std::chrono::microseconds(500));
 	}
+}
+
+bool QpEngine::held_by_others(bool ask_if_gone)
+{
+	return desc_->inflight.load(std::memory_order_seq_cst) != 0 ||
+	       (ask_if_gone ? live_holds(desc_->holders, "QP", qpn_) : any_holds(desc_->holders));
 }
 
 /* ---- Control-path hooks (core lock held) ---- */
@@ -1138,7 +1151,7 @@ void drop_withdrawn_key(const KeySlot &slot)
 void QpEngine::hold_target(shm::QpDesc &t)
 {
 	release_holds();
-	t.inflight.fetch_add(1, std::memory_order_seq_cst);
+	held_.inflight_entry = shm::hold_qp(t, own_pid());
 	held_.inflight = &t;
 	held_.inflight_qpn = t.qpn;
 }
@@ -1166,7 +1179,7 @@ void QpEngine::release_holds()
 		 * place now holds something else: not ours to count out. */
 		shm::QpDesc &t = *held_.inflight;
 		if (t.magic == shm::qp_magic && t.qpn == held_.inflight_qpn)
-			t.inflight.fetch_sub(1, std::memory_order_release);
+			shm::release_qp(t, held_.inflight_entry);
 		held_.inflight = nullptr;
 	}
 }

@@ -490,6 +490,10 @@ private:
 	 * not with our send lock held). The QP's state or `dead` was stored
 	 * first (seq_cst), so that a sender counted in later sees it. */
 	void drain_senders(std::chrono::milliseconds bound, bool own_engines);
+	/* Whether a sender still counts in on our descriptor: anonymously, or
+	 * in an entry of a process not known to be gone (`ask_if_gone`: asks
+	 * the system about each, and clears the entries of those gone). */
+	bool held_by_others(bool ask_if_gone);
 	/* Unreachable (one_sided() only): the responder gave no answer, gone
 	 * or stuck; the caller retries until timeout x retry_cnt. */
 	enum class Outcome { Done, Wait, Fatal, Unreachable };
@@ -820,6 +824,7 @@ private:
 	struct {
 		shm::QpDesc *inflight = nullptr;
 		uint32_t inflight_qpn = 0; /* the QP number counted in on */
+		int inflight_entry = holder_anonymous; /* shm::hold_qp()'s answer */
 		HeldKey rkey;
 		HeldKey recv_key;
 		/* Posts that ended holding: written under sq_lock_, read by

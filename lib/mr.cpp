@@ -62,44 +62,17 @@ void KeyRef::count_out()
 	} else if (holder_ == holder_anonymous) {
 		slot_->anonymous.fetch_sub(1, std::memory_order_release);
 	} else {
-		/* At count 0 the entry keeps our pid: our next hold counts in
-		 * with one CAS, and any process may take it over meanwhile
-		 * (acquire_remote_key). */
-		slot_->holders[holder_].fetch_sub(1, std::memory_order_release);
+		shmverbs::count_out(slot_->holders, holder_);
 	}
 	slot_ = nullptr;
 }
 
 KeyRef acquire_remote_key(KeySlot &s, uint32_t key)
 {
-	const uint64_t pid = own_pid();
-	int8_t holder = KeyRef::holder_anonymous;
-	/* Count ourselves in: our own entry if we have one, else a free one.
-	 * While we live only our own threads change an entry with our pid, so
-	 * a failed CAS on it just means "again". seq_cst: the Dekker pair with
-	 * unpublish() (our count, then the key). */
-	for (unsigned i = 0; i < key_holder_entries && holder == KeyRef::holder_anonymous; i++) {
-		uint64_t v = s.holders[i].load(std::memory_order_relaxed);
-		while (v && key_holder_pid(v) == pid) {
-			if (s.holders[i].compare_exchange_weak(v, v + 1, std::memory_order_seq_cst)) {
-				holder = int8_t(i);
-				break;
-			}
-		}
-	}
-	/* Else an entry nobody holds anything in: free, or left to its last
-	 * user at count 0 (release() keeps it, so that the next hold of that
-	 * process is one CAS). Its owner's own CAS on it fails if we win. */
-	for (unsigned i = 0; i < key_holder_entries && holder == KeyRef::holder_anonymous; i++) {
-		uint64_t v = s.holders[i].load(std::memory_order_relaxed);
-		while (key_holder_count(v) == 0) {
-			if (s.holders[i].compare_exchange_weak(v, pid << 32 | 1,
-							       std::memory_order_seq_cst)) {
-				holder = int8_t(i);
-				break;
-			}
-		}
-	}
+	/* seq_cst: the Dekker pair with unpublish() (our count, then the
+	 * key). */
+	const int entry = count_in(s.holders, own_pid());
+	const int8_t holder = entry == holder_anonymous ? KeyRef::holder_anonymous : int8_t(entry);
 	if (holder == KeyRef::holder_anonymous)
 		s.anonymous.fetch_add(1, std::memory_order_seq_cst);
 	KeyRef ref(&s, holder);
@@ -277,39 +250,6 @@ uint32_t KeyTable::publish(uint32_t index, const KeyEntry &entry, uint8_t varian
 	return key;
 }
 
-namespace {
-
-/* Clears the holder entries of processes that died holding the slot;
- * true when live holds remain in them. */
-bool live_remote_holders(KeySlot &s, uint32_t key_was)
-{
-	bool live = false;
-	for (std::atomic<uint64_t> &h : s.holders) {
-		uint64_t v = h.load(std::memory_order_seq_cst);
-		if (!v)
-			continue;
-		pid_t pid = pid_t(key_holder_pid(v));
-		if (!process_gone(pid)) {
-			live = live || key_holder_count(v) != 0;
-			continue;
-		}
-		/* Nobody else writes a dead pid's entry: the CAS only fails if
-		 * the pid was reused by a live process already counted in. (A
-		 * count of 0: it died between its last release and freeing the
-		 * entry, which is freed for others all the same.) */
-		if (h.compare_exchange_strong(v, 0, std::memory_order_seq_cst)) {
-			if (key_holder_count(v))
-				log_debug("key 0x%x: released %u hold(s) of process %d, which died holding it",
-					  key_was, key_holder_count(v), int(pid));
-		} else {
-			live = true;
-		}
-	}
-	return live;
-}
-
-} // namespace
-
 /* How long a withdrawal waits for holds it cannot attribute to a process. */
 constexpr std::chrono::seconds unattributed_hold_bound{2};
 
@@ -331,11 +271,8 @@ void KeyTable::unpublish(uint32_t index)
 		/* Liveness checks cost system calls: after a short spin, and
 		 * then on every 16th round only. */
 		bool remote = spins >= 100 && spins % 16 == 0
-			? live_remote_holders(s, key_was)
-			: std::any_of(std::begin(s.holders), std::end(s.holders),
-				      [](const std::atomic<uint64_t> &h) {
-					      return key_holder_count(h.load(std::memory_order_seq_cst)) != 0;
-				      });
+			? live_holds(s.holders, "key", key_was)
+			: any_holds(s.holders);
 		const uint32_t unattributed = local || remote ? 1 : unattributed_holds(s, index, wait);
 		if (!local && !remote && !unattributed)
 			return;
@@ -390,7 +327,7 @@ bool KeyTable::try_unpublish(uint32_t index, Wait &wait)
 	const uint32_t key_was = s.key.load(std::memory_order_relaxed);
 	s.key.store(0, std::memory_order_seq_cst); /* as unpublish() */
 	const bool held =
-		s.readers.load(std::memory_order_seq_cst) != 0 || live_remote_holders(s, key_was);
+		s.readers.load(std::memory_order_seq_cst) != 0 || live_holds(s.holders, "key", key_was);
 	/* The usual case, a key nobody holds: no clock, no lock. */
 	if (!held && s.anonymous.load(std::memory_order_seq_cst) == 0 &&
 	    !any_abandoned_.load(std::memory_order_relaxed))

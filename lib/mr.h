@@ -30,6 +30,7 @@
 #pragma once
 
 #include "context.h"
+#include "holders.h"
 #include "pd.h"
 #include "result.h"
 
@@ -83,12 +84,8 @@ struct KeyEntry {
 };
 
 /*
- * Holds of other processes are attributed: a holder entry is
- * `pid << 32 | count`, 0 when never used; an entry at count 0 holds
- * nothing, whatever pid it names (its last user leaves it so, to count in
- * again with one CAS), and any process may take it over. An initiator
- * counts itself into the entry with its pid (or claims a free one) before
- * it checks the key, so
+ * Holds of other processes are attributed (lib/holders.h): an initiator
+ * counts itself into an entry with its pid before it checks the key, so
  * when the owner withdraws a key and a holder dies before releasing it,
  * unpublish() sees whose hold it was, finds that process gone and clears
  * the entry: a dead peer never makes ibv_dereg_mr wait. Holds beyond the
@@ -96,10 +93,6 @@ struct KeyEntry {
  * unpublish() waits for with a bound, as destroy_qp does for in-flight
  * senders.
  */
-constexpr unsigned key_holder_entries = 6;
-constexpr uint64_t key_holder_pid(uint64_t entry) { return entry >> 32; }
-constexpr uint32_t key_holder_count(uint64_t entry) { return uint32_t(entry); }
-
 struct KeySlot {
 	/* The live key, or 0 while the slot is not published (index 0 is never
 	 * handed out, so 0 never names a live key). */
@@ -109,7 +102,7 @@ struct KeySlot {
 	uint8_t variant = 0; /* of the last key published here; guarded by the table lock */
 	KeyEntry entry{};    /* written only while unpublished and unread */
 	/* KeyRefs held by other processes (acquire_remote()), by pid. */
-	std::atomic<uint64_t> holders[key_holder_entries]{};
+	HolderEntries holders{};
 	std::atomic<uint32_t> anonymous{0};
 };
 
@@ -198,9 +191,9 @@ public:
 	}
 
 	/* The count a hold is in: the owner's readers, a holder entry
-	 * (0..key_holder_entries-1) or the anonymous count. */
+	 * (0..holder_entries-1) or the anonymous count. */
 	static constexpr int8_t holder_local = -1;
-	static constexpr int8_t holder_anonymous = int8_t(key_holder_entries);
+	static constexpr int8_t holder_anonymous = int8_t(holder_entries);
 
 private:
 	void count_out();

@@ -17,6 +17,8 @@
  */
 #pragma once
 
+#include "holders.h"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -25,7 +27,7 @@
 namespace shmverbs::shm {
 
 constexpr uint32_t segment_magic = 0x53564d53; /* "SMVS" */
-constexpr uint32_t shm_version = 10;
+constexpr uint32_t shm_version = 11;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -84,8 +86,11 @@ struct QpDesc {
 	 * channel's eventfd to this QP's broker object, slot 0. */
 	uint32_t recv_cq_has_channel;
 	uint32_t reserved;
-	/* Remote operations in progress on this QP by any process: destroy
-	 * waits (bounded) for it to drop to 0 after setting `dead`. */
+	/* Remote operations in progress on this QP, or holds kept between
+	 * posts (QpEngine::held_), by processes that found no place of their
+	 * own in `holders` below: destroy and reset wait (bounded) for it to
+	 * drop to 0 after setting `dead` or the state. Anonymous: a count
+	 * left by a process that died is waited out to the bound. */
 	std::atomic<uint32_t> inflight;
 	/* An error a sender found on this responder (RemoteError): the owner
 	 * moves the QP to ERR and raises the event when it sees it. */
@@ -102,10 +107,32 @@ struct QpDesc {
 	 * the QP (RC, UC, XRC_RECV) in RTR and set 1; the owner raises
 	 * IBV_EVENT_COMM_EST and sets 2; a reset sets 0. */
 	std::atomic<uint32_t> comm_est;
+	/* The same count, attributed (lib/holders.h): a waiter leaves out
+	 * the holds of processes that are gone and clears their entries. */
+	HolderEntries holders;
 };
 static_assert(std::is_standard_layout_v<QpDesc>);
-/* `access_flags` shares the cache line of `inflight`: one line per check. */
-static_assert(offsetof(QpDesc, access_flags) / 64 == offsetof(QpDesc, inflight) / 64);
+
+/* Counts one hold of process `pid` on QP `t`: in an entry of
+ * `t.holders` (the index returned), or anonymously in `t.inflight`
+ * (holder_anonymous). seq_cst: the Dekker pair with the waiter's store of
+ * `dead` or the state, which the caller checks after. */
+inline int hold_qp(QpDesc &t, uint32_t pid)
+{
+	const int entry = count_in(t.holders, pid);
+	if (entry == holder_anonymous)
+		t.inflight.fetch_add(1, std::memory_order_seq_cst);
+	return entry;
+}
+
+/* Gives back a hold hold_qp() returned `entry` for. */
+inline void release_qp(QpDesc &t, int entry)
+{
+	if (entry == holder_anonymous)
+		t.inflight.fetch_sub(1, std::memory_order_release);
+	else
+		count_out(t.holders, entry);
+}
 
 enum RemoteError : uint32_t {
 	remote_error_none = 0,

@@ -683,11 +683,11 @@ void build_grh(char (&grh)[40], const Port &own, const struct ibv_ah_attr &ah, b
 			continue; /* not looped back to the sending QP */
 		if (pid && obj.seg->pid != pid)
 			continue; /* a stale entry: the number now names another QP */
-		desc->inflight.fetch_add(1, std::memory_order_seq_cst);
 		struct Release {
 			shm::QpDesc *d;
-			~Release() { d->inflight.fetch_sub(1, std::memory_order_release); }
-		} release{desc};
+			int entry;
+			~Release() { shm::release_qp(*d, entry); }
+		} release{desc, shm::hold_qp(*desc, own_pid())};
 		if (desc->dead.load(std::memory_order_seq_cst) || !accepts(*desc))
 			continue;
 		/* A member's receive side, built like the cached target's but
