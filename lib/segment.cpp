@@ -65,6 +65,15 @@ PeerCache &peers() { return *peer_cache(); }
 
 void on_broker_event(const BrokerEvent &e)
 {
+	if (e.type == BrokerEvent::Type::BrokerLost) {
+		/* What we published went with the broker: a peer that looks
+		 * for it now would not find it until this process publishes
+		 * again, which a server that created everything at start never
+		 * does. Say it all again at once, from a thread of its own
+		 * (this, the client's reader thread, cannot call the broker). */
+		std::thread(Segment::republish_all).detach();
+		return;
+	}
 	if (e.type != BrokerEvent::Type::PeerGone)
 		return;
 	forget_peer_memory(e.pid);
@@ -254,6 +263,28 @@ int Segment::ensure_registered_locked(uint64_t *handle)
 	}
 	*handle = h;
 	return 0;
+}
+
+void Segment::republish_all()
+{
+	std::vector<Segment *> all;
+	{
+		std::lock_guard guard(segments_lock);
+		for (Segment *s : segments)
+			if (s)
+				all.push_back(s);
+	}
+	for (Segment *s : all) {
+		std::lock_guard guard(s->lock_);
+		/* Never registered, or nothing to say: no broker needed. A
+		 * failure leaves it to the next publish, as before. */
+		if (!s->broker_handle_ || s->published_.empty())
+			continue;
+		uint64_t h;
+		if (int err = s->ensure_registered_locked(&h))
+			log_debug("broker lost: republishing device %u failed: %s", s->device_,
+				  std::strerror(err));
+	}
 }
 
 int Segment::publish(broker::ObjectKind kind, uint32_t id, uint64_t off)

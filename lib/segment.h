@@ -8,8 +8,9 @@
  * process (never unmapped: peers' operations and our own threads may race
  * with exit). An in-process allocator hands out areas for QP descriptors,
  * receive queues and CQ rings; the device's key table lives in it too. The
- * segment is registered with the broker on the first publish; after the
- * broker is lost it is registered and everything republished again.
+ * segment is registered with the broker on the first publish; once the
+ * broker is lost it is registered and everything republished again, at
+ * once (republish_all(), from a thread of its own).
  *
  * Peer segments. resolve() asks the broker where a (device, kind, number)
  * lives, maps the owner's segment once per (pid, segment) and caches it.
@@ -59,6 +60,10 @@ public:
 	/* Publishes an owned object at `off` (registers the segment first if
 	 * needed). Remembered for republishing after a broker restart. */
 	int publish(broker::ObjectKind kind, uint32_t id, uint64_t off);
+	/* After BrokerLost: registers every segment that had objects
+	 * published with the broker that replaces the lost one (starting it
+	 * if need be) and publishes them again. */
+	static void republish_all();
 	/* Forgets a published object (its number is freed by the caller). */
 	void withdraw(broker::ObjectKind kind, uint32_t id);
 	/* Attaches an fd to an owned, published object (broker slot). */

@@ -13,9 +13,14 @@
  *              "event" (-> "event <eventfd count>")
  *   stall      connect, print "broker <pid>"; on "go" time one Info call and
  *              print "result <errno> <milliseconds>"
+ *   segment    publish a QP in this process's own segment of device 0
+ *              (lib/segment.h, as the verbs do; the text "segment-data" in
+ *              its area), print "broker <pid>" and "ready <qpn>", then
+ *              wait for end of input without calling the broker again
  */
 #include "broker_client.h"
 #include "harness.h"
+#include "segment.h"
 
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -138,6 +143,25 @@ int stall()
 	return 0;
 }
 
+int segment_owner()
+{
+	BrokerClient &b = BrokerClient::instance();
+	shmverbs::Segment &seg = shmverbs::Segment::of(0);
+	uint32_t qpn;
+	if (int err = b.alloc_id(0, ObjectKind::Qp, &qpn))
+		return fail("alloc_id", err);
+	const uint64_t off = seg.alloc(64);
+	if (!off)
+		return fail("alloc", ENOMEM);
+	std::strcpy(seg.at<char>(off), "segment-data");
+	if (int err = seg.publish(ObjectKind::Qp, qpn, off))
+		return fail("publish", err);
+	say("broker " + std::to_string(b.broker_pid()));
+	say("ready " + std::to_string(qpn));
+	wait_for_end_of_input();
+	return 0;
+}
+
 } // namespace
 
 int run_peer(int argc, char **argv)
@@ -151,6 +175,8 @@ int run_peer(int argc, char **argv)
 		return owner();
 	if (cmd == "stall")
 		return stall();
+	if (cmd == "segment")
+		return segment_owner();
 	std::fprintf(stderr, "unknown peer command %s\n", cmd.c_str());
 	return 2;
 }

@@ -363,6 +363,39 @@ TEST_CASE("a broker that dies is replaced on the next call", "[broker]")
 	CHECK(next != id);
 }
 
+TEST_CASE("a broker that dies: a process that publishes nothing new is found again",
+	  "[broker]")
+{
+	/* A server that created its QPs at start and now only serves them
+	 * (or sleeps) makes no broker call of its own: it republishes what it
+	 * published as soon as it hears of the loss, so that a client that
+	 * comes later finds it through the broker that replaces the old. */
+	Fabric f;
+	Process owner = Process::peer({"segment"});
+	auto broker = number(owner.expect("broker ", 5s));
+	auto qpn = number(owner.expect("ready ", 5s));
+	REQUIRE(broker);
+	REQUIRE(qpn);
+	REQUIRE(kill(pid_t(*broker), SIGKILL) == 0);
+	ResolvedObject r{};
+	int err = -1;
+	CHECK(eventually(
+		[&] {
+			err = client().resolve({0, ObjectKind::Qp, *qpn}, &r);
+			return err == 0;
+		},
+		5s));
+	CAPTURE(err);
+	REQUIRE(err == 0);
+	broker::UniqueFd segment(r.fd);
+	CHECK(client().broker_pid() != pid_t(*broker));
+	CHECK(r.owner_pid == owner.pid());
+	auto *mem = static_cast<char *>(mmap(nullptr, r.size, PROT_READ, MAP_SHARED, r.fd, 0));
+	REQUIRE(mem != MAP_FAILED);
+	CHECK(std::string(mem + r.offset) == "segment-data");
+	munmap(mem, r.size);
+}
+
 TEST_CASE("when no broker can be started, calls fail at once with an errno", "[broker]")
 {
 	Fabric f;
