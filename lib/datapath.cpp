@@ -1479,7 +1479,8 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		target_.desc = nullptr; /* resolved afresh next time */
 		return unreachable();
 	}
-	if (!(type_ == IBV_QPT_UD ? responder_ready(*t.desc) : connected_responder_ready(*t.desc))) {
+	if (!(type_ == IBV_QPT_UD ? responder_ready(*t.desc)
+				  : answers_to(*t.desc, qpn_) && connected_responder_ready(*t.desc))) {
 		/* A responder that is not ready drops packets. Its reset waits
 		 * for the count (wait_for_senders). */
 		release_holds();
@@ -2068,6 +2069,7 @@ QpEngine::Outcome QpEngine::one_sided(const OneSided &op, shm::QpDesc &t, const 
 	if (!target_valid(attr_.dest_qp_num) || !target_.seg->alive() ||
 	    t.dead.load(std::memory_order_seq_cst))
 		return false;
+	/* answers_to(): checked when the hold was taken. */
 	return connected_responder_ready(t);
 }
 
@@ -2088,6 +2090,10 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 		hold_target(t);
 	if (t.dead.load(std::memory_order_seq_cst))
 		return Direct::NotTaken;
+	if (!answers_to(t, qpn_)) {
+		release_holds(); /* held_target_ready() relies on the check */
+		return Direct::NotTaken;
+	}
 	if (!connected_responder_ready(t))
 		return Direct::NotTaken;
 

@@ -66,6 +66,17 @@ namespace shmverbs {
 	       d.remote_error.load(std::memory_order_relaxed) == shm::remote_error_none;
 }
 
+/* Whether connected responder `d` (RC, UC, XRC_RECV) answers QP `sender`:
+ * only the QP it is connected to. A device's responder sends its ACKs and
+ * NAKs to its own peer, so another requester never hears back and, on RC,
+ * runs out of retries (on UC its packets meet a PSN of another stream).
+ * Checked when a sender takes its hold on the responder: the destination
+ * changes only through RESET, whose wait for senders takes the hold back. */
+[[gnu::always_inline]] inline bool answers_to(const shm::QpDesc &d, uint32_t sender)
+{
+	return d.dest_qpn.load(std::memory_order_relaxed) == sender;
+}
+
 /* responder_ready() of a connected responder (RC, UC, XRC_RECV), which
  * notes the first message it takes in RTR: the device raises
  * IBV_EVENT_COMM_EST for it (IBA 11.6.3), here the owner

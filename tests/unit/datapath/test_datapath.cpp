@@ -530,6 +530,39 @@ TEST_CASE("RC: a WRITE is visible before the receive completion of a later SEND"
 	CHECK(t.line().rfind("data first-the-write|", 0) == 0);
 }
 
+TEST_CASE("RC: a requester its responder is not connected to never hears back",
+	  "[datapath]")
+{
+	/* `a` names `b` as its destination, but `b` is connected to `c`: a
+	 * device's responder sends its ACKs to `c`, so `a` retries until
+	 * timeout x retry_cnt and fails, and `b` takes nothing from it. */
+	const enum ibv_wr_opcode op = GENERATE(IBV_WR_SEND, IBV_WR_RDMA_WRITE);
+	CAPTURE(op);
+	Node a, b, c;
+	REQUIRE(a.connect(b.qp->qp_num) == 0);
+	REQUIRE(b.connect(c.qp->qp_num) == 0);
+	REQUIRE(c.connect(b.qp->qp_num) == 0);
+	REQUIRE(b.post_recv(7, 0, 64) == 0);
+	std::memcpy(a.buf.data(), "not-for-you-b!!", 16);
+	std::memset(b.buf.data(), 0, 64);
+	REQUIRE(post(a, op, 0, 16, uint64_t(uintptr_t(b.buf.data())), b.mr->rkey, 1) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(a.wait_wc(wc));
+	CHECK(wc.wr_id == 1);
+	CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
+	CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0);
+	CHECK(std::memcmp(b.buf.data(), "not-for-you-b!!", 16) != 0);
+	/* Its own peer still gets through. */
+	std::memcpy(c.buf.data(), "for-you-b-from-c", 16);
+	REQUIRE(post(c, IBV_WR_SEND, 0, 16, 0, 0, 2) == 0);
+	REQUIRE(c.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	REQUIRE(b.wait_wc(wc));
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	CHECK(wc.wr_id == 7);
+	CHECK(wc.src_qp == c.qp->qp_num);
+}
+
 TEST_CASE("RNR: retries exhausted end in RNR_RETRY_EXC_ERR and the QP in ERR",
 	  "[datapath][process]")
 {
