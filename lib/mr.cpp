@@ -620,6 +620,22 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 		return EINVAL;
 	const uint32_t new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : mr.access;
 	const bool odp = is_odp(new_access);
+	/* mlx5_ib changes local write, remote read/write/atomic and the
+	 * optional bits of an MR in place (umr_rereg_pd_access), keys kept.
+	 * Any other difference (ON_DEMAND, MW_BIND, ...) makes a new MR: new
+	 * keys; from the same pages for a pinned MR (create_real_mr), and for
+	 * an ODP one from the address and length of this call, which
+	 * libibverbs passes whatever the flags (recreate): none is an error,
+	 * a range the MR takes. */
+	constexpr uint32_t in_place = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+				      IBV_ACCESS_OPTIONAL_RANGE;
+	const bool recreate = (flags & IBV_REREG_MR_CHANGE_ACCESS) && ((access ^ mr.access) & ~in_place);
+	if (recreate && is_odp(mr.access) && !(flags & IBV_REREG_MR_CHANGE_TRANSLATION)) {
+		if (!start || !length)
+			return odp ? EOVERFLOW : EINVAL; /* ib_init_umem_odp, ib_umem_get */
+		flags |= IBV_REREG_MR_CHANGE_TRANSLATION;
+	}
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		if (int err = odp ? check_odp_range(start, length)
 				  : check_user_range(start, length, new_access))
@@ -647,8 +663,9 @@ int rereg_mr(Mr &mr, int flags, Pd *new_pd, void *addr, size_t length, uint32_t 
 		mr.addr = start;
 		mr.length = length;
 		mr.iova = start;
-		variant++;
 	}
+	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) || recreate)
+		variant++;
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
 		mr.access = access;
 	if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS)) {

@@ -145,11 +145,20 @@ struct ibv_dm *ctx_alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_att
 	});
 }
 
+/* The errno too, as libibverbs' execute_ioctl() sets it to what the
+ * command returns (ibv_free_dm, ibv_advise_mr: perror() after a failure). */
+int with_errno(int err)
+{
+	if (err)
+		errno = err;
+	return err;
+}
+
 int ctx_free_dm(struct ibv_dm *dm)
 {
 	if (!dm || !to_context(dm->context))
-		return EINVAL;
-	return guard_int([&] { return free_dm(*Dm::from(dm)); });
+		return with_errno(EINVAL);
+	return with_errno(guard_int([&] { return free_dm(*Dm::from(dm)); }));
 }
 
 struct ibv_mr *ctx_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset, size_t length,
@@ -174,9 +183,9 @@ int ctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t 
 {
 	Context *c = pd ? to_context(pd->context) : nullptr;
 	if (!c)
-		return EINVAL;
-	return guard_int(
-		[&] { return advise_mr(*c, *Pd::from(pd), advice, flags, sg_list, num_sge); });
+		return with_errno(EINVAL);
+	return with_errno(guard_int(
+		[&] { return advise_mr(*c, *Pd::from(pd), advice, flags, sg_list, num_sge); }));
 }
 
 int ctx_dealloc_td(struct ibv_td *td)

@@ -130,7 +130,9 @@ TEST_CASE("ibv_reg_dm_mr: zero-based MRs over a DM, which cannot go while they e
 	CHECK(mr->length == 96);
 	CHECK(mr->lkey == mr->rkey);
 	CHECK(mr->pd == d.pd);
+	errno = 0;
 	CHECK(ibv_free_dm(dm) == EBUSY);
+	CHECK(errno == EBUSY); /* execute_ioctl() sets it to what it returns */
 	/* libibverbs passes a DM MR on (cmd_dm.c makes it an
 	 * IBV_MR_TYPE_MR); the kernel refuses it (ib_uverbs_rereg_mr). */
 	errno = 0;

@@ -309,6 +309,47 @@ TEST_CASE("rereg_mr lifecycle and keys", "[mr]")
 		CHECK(mr->addr == f.buf.data());
 		CHECK(mr->length == 4096);
 	}
+	SECTION("an access change mlx5 cannot make in place gives new keys")
+	{
+		/* MW_BIND or ON_DEMAND: mlx5_ib makes a new MR of the same pages
+		 * (create_real_mr), whose key the old one no longer names. */
+		const int access = GENERATE(LW | MWB, LW | IBV_ACCESS_ON_DEMAND);
+		CAPTURE(access);
+		REQUIRE(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, access) == 0);
+		CHECK(mr->lkey != key0);
+		CHECK(mr->rkey == mr->lkey);
+		CHECK((mr->lkey >> 8) == (key0 >> 8));
+		CHECK(mr->addr == f.buf.data());
+	}
+	SECTION("an ODP MR leaves ODP only with an address and length that can be pinned")
+	{
+		/* mlx5_ib makes the new MR from the call's address and length,
+		 * which libibverbs passes without CHANGE_TRANSLATION too: none
+		 * is EINVAL (ib_umem_get), a range with a hole EFAULT; the MR is
+		 * left as it was. */
+		struct ibv_mr *odp = ibv_reg_mr(f.pd, f.buf.data(), 4096, LW | IBV_ACCESS_ON_DEMAND);
+		REQUIRE(odp);
+		const uint32_t odp_key = odp->lkey;
+		errno = 0;
+		CHECK(ibv_rereg_mr(odp, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, LW) ==
+		      IBV_REREG_MR_ERR_CMD);
+		CHECK(errno == EINVAL);
+		char *map = static_cast<char *>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE,
+						     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+		REQUIRE(map != MAP_FAILED);
+		REQUIRE(munmap(map + page, page) == 0);
+		errno = 0;
+		CHECK(ibv_rereg_mr(odp, IBV_REREG_MR_CHANGE_ACCESS, nullptr, map, 3 * page, LW) ==
+		      IBV_REREG_MR_ERR_CMD);
+		CHECK(errno == EFAULT);
+		CHECK(odp->lkey == odp_key);
+		/* A range that pins: the MR takes it, with new keys. */
+		CHECK(ibv_rereg_mr(odp, IBV_REREG_MR_CHANGE_ACCESS, nullptr, map, page, LW) == 0);
+		CHECK(odp->lkey != odp_key);
+		CHECK(ibv_dereg_mr(odp) == 0);
+		munmap(map, page);
+		munmap(map + 2 * page, page);
+	}
 	SECTION("a new PD moves the MR's use to it")
 	{
 		struct ibv_pd *pd2 = ibv_alloc_pd(f.ctx);
@@ -461,7 +502,9 @@ TEST_CASE("dma-buf registration is not offered; advise_mr takes only ODP MRs", "
 	CHECK(errno == EINVAL);
 	struct ibv_sge sge{reinterpret_cast<uintptr_t>(f.buf.data()), 64, 0};
 	/* The rest of advise_mr: tests/unit/datapath/test_odp.cpp. */
+	errno = 0;
 	CHECK(ibv_advise_mr(f.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 1) == ENOENT);
+	CHECK(errno == ENOENT); /* execute_ioctl() sets it to what it returns */
 }
 
 TEST_CASE("concurrent reg/dereg on one PD", "[mr][threads]")
