@@ -1586,14 +1586,30 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 
 	/* Remote access for one-sided operations, checked against the
 	 * responder's PD: for XRC (whose XRC_RECV QPs have none) the PD of
-	 * the XRC SRQ the WR names, as IBA's XRC annex has it. */
+	 * the XRC SRQ the WR names, as IBA's XRC annex has it. Its MRs are
+	 * the SRQ owner's, which may be another process than the XRC_RECV
+	 * QP's: the rkey is looked up, and the memory reached, there. */
 	uint32_t access_pdn = t.desc->pdn;
+	const PeerSegment *key_seg = &peer;
 	if (type_ == IBV_QPT_XRC_SEND && wr.opcode != IBV_WR_SEND &&
 	    wr.opcode != IBV_WR_SEND_WITH_IMM && wr.opcode != IBV_WR_SEND_WITH_INV) {
 		if (enum ibv_wc_status st = open_recv_side())
 			return recv_side_failed(st);
 		access_pdn = rs.pdn;
+		key_seg = rs.seg;
 	}
+	/* A key held in another segment than the target's is let go when
+	 * this WR is done: only the target's segment is kept mapped for as
+	 * long as held_ may name it (rs.srq_obj keeps this one for now). */
+	struct KeyOfOtherSegment {
+		HeldKey &held;
+		const PeerSegment *seg;
+		~KeyOfOtherSegment()
+		{
+			if (held.seg && held.seg == seg)
+				held.release();
+		}
+	} let_go{held_.rkey, key_seg != &peer ? key_seg : nullptr};
 	auto responder_error = [&](uint32_t what) {
 		t.desc->remote_error.store(what, std::memory_order_release);
 	};
@@ -1604,13 +1620,13 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD: {
 		const Outcome o = one_sided({wr.opcode, wr.remote_addr, wr.rkey, wr.compare_add, wr.swap},
-					    *t.desc, peer, access_pdn, local, length, wc);
+					    *t.desc, *key_seg, access_pdn, local, length, wc);
 		return o == Outcome::Unreachable ? unreachable() : o;
 	}
 	case IBV_WR_RDMA_WRITE_WITH_IMM: {
 		/* A zero-length one writes nothing: its address and rkey go
 		 * unchecked (IBA C9-88), the QP's remote write access not. */
-		const KeyRef *rkey = length ? hold_rkey(peer, *t.desc, access_pdn, wr.rkey,
+		const KeyRef *rkey = length ? hold_rkey(*key_seg, *t.desc, access_pdn, wr.rkey,
 							wr.remote_addr, length, IBV_ACCESS_REMOTE_WRITE)
 					    : nullptr;
 		if (length ? !rkey
@@ -1636,10 +1652,10 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 			}
 			goto rnr;
 		}
-		if (int e = length ? remote_write(peer, **rkey, rkey->address_of(wr.remote_addr),
+		if (int e = length ? remote_write(*key_seg, **rkey, rkey->address_of(wr.remote_addr),
 						  local.data(), int(local.size()))
 				   : 0) {
-			const enum ibv_wc_status s = remote_failure(e, peer);
+			const enum ibv_wc_status s = remote_failure(e, *key_seg);
 			return s ? fail(s) : unreachable();
 		}
 		{

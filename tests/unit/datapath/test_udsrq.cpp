@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <endian.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -232,6 +234,42 @@ int peer_xrc()
 	return 0;
 }
 
+/* XRC target of a domain another process shares: reads the domain's file
+ * path, opens it (no O_CREAT), creates an XRC_RECV QP and prints "<recv
+ * qpn> <lid>"; on the requester's QPN brings the QP to RTR granting remote
+ * write, read and atomics and prints "ready"; on the next line destroys
+ * the QP, closes the domain and prints "done". It has no SRQ and no MR. */
+int peer_xrc_recv()
+{
+	Dev d;
+	std::string line;
+	NEED(read_line(line));
+	line.erase(line.find_last_not_of('\n') + 1);
+	const int fd = open(line.c_str(), O_RDONLY | O_CLOEXEC);
+	NEED(fd >= 0);
+	struct ibv_xrcd_init_attr xa{};
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.fd = fd;
+	struct ibv_xrcd *xrcd = ibv_open_xrcd(d.ctx, &xa);
+	NEED(xrcd);
+	struct ibv_qp *qp = make_xrc_recv(d, xrcd);
+	NEED(qp);
+	std::printf("%u %u\n", qp->qp_num, d.port.lid);
+	NEED(read_line(line));
+	unsigned dest = 0;
+	NEED(std::sscanf(line.c_str(), "%u", &dest) == 1);
+	shmv_test::QpPath path;
+	path.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	NEED(shmv_test::qp_to_rts(qp, IBV_QPT_XRC_RECV, dest, d.port.lid, path) == 0);
+	std::printf("ready\n");
+	NEED(read_line(line));
+	NEED(ibv_destroy_qp(qp) == 0);
+	NEED(ibv_close_xrcd(xrcd) == 0);
+	close(fd);
+	std::printf("done\n");
+	return 0;
+}
+
 /* A peer's UD QP at RTS on a CQ of its own (both left to the process's
  * exit). */
 struct ibv_qp *peer_ud_qp(Dev &d, struct ibv_cq *&cq)
@@ -349,6 +387,8 @@ int main(int argc, char **argv)
 		setvbuf(stdout, nullptr, _IOLBF, 0);
 		if (!std::strcmp(argv[2], "xrc"))
 			return peer_xrc();
+		if (!std::strcmp(argv[2], "xrcrecv"))
+			return peer_xrc_recv();
 		if (!std::strcmp(argv[2], "mcast"))
 			return peer_mcast();
 		if (!std::strcmp(argv[2], "udtarget"))
@@ -870,6 +910,112 @@ TEST_CASE("XRC RDMA and atomics are checked against the PD of the XRC SRQ the WR
 	CHECK(ibv_dereg_mr(mr) == 0);
 	CHECK(ibv_dereg_mr(other_mr) == 0);
 	CHECK(ibv_dealloc_pd(other) == 0);
+}
+
+TEST_CASE("XRC: RDMA through another process's XRC_RECV QP reaches the MRs of the SRQ's process",
+	  "[xrc]")
+{
+	/* The domain is shared through a file: the SRQ, its PD's MR and the
+	 * XRC_SEND QP are here, the XRC_RECV QP in the peer. The rkey is the
+	 * SRQ owner's, so it is looked up (and its memory reached) here, not
+	 * in the process of the QP the request arrives at. */
+	const char *dir = std::getenv("TMPDIR");
+	std::string path = std::string(dir && *dir ? dir : "/tmp") + "/shmverbs-xrc-rdma-XXXXXX";
+	const int fd = mkstemp(path.data());
+	REQUIRE(fd >= 0);
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	struct ibv_xrcd_init_attr xa{};
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.fd = fd;
+	xa.oflags = O_CREAT;
+	struct ibv_xrcd *xrcd = ibv_open_xrcd(d.ctx, &xa);
+	REQUIRE((cq && xrcd));
+	struct ibv_srq *srq = make_xrc_srq(d, xrcd, cq);
+	struct ibv_qp *sqp = make_xrc_send(d, cq);
+	REQUIRE((srq && sqp));
+	uint32_t srqn = 0;
+	REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
+	std::vector<uint64_t> target(4, 0);
+	struct ibv_mr *mr = ibv_reg_mr(d.pd, target.data(), 32,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					       IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	REQUIRE(mr);
+	REQUIRE(post_srq(srq, d.sge(256, 64), 77) == 0);
+
+	Peer peer("xrcrecv");
+	peer.send(path);
+	unsigned rqpn = 0, lid = 0;
+	REQUIRE(std::sscanf(peer.line().c_str(), "%u %u", &rqpn, &lid) == 2);
+	peer.send(std::to_string(sqp->qp_num));
+	REQUIRE(peer.line() == "ready\n");
+	REQUIRE(to_rts(sqp, IBV_QPT_XRC_SEND, rqpn, uint16_t(lid)) == 0);
+
+	auto post = [&](enum ibv_wr_opcode op, struct ibv_sge s, uint64_t remote) {
+		struct ibv_send_wr wr{};
+		wr.opcode = op;
+		wr.qp_type.xrc.remote_srqn = srqn;
+		if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+			wr.wr.atomic.remote_addr = remote;
+			wr.wr.atomic.rkey = mr->rkey;
+			wr.wr.atomic.compare_add = 5;
+		} else {
+			wr.wr.rdma.remote_addr = remote;
+			wr.wr.rdma.rkey = mr->rkey;
+		}
+		struct ibv_wc wc{};
+		if (shmv_test::post_send_sge(sqp, wr, s) || poll_one(cq, wc) != 1)
+			return IBV_WC_GENERAL_ERR;
+		return wc.status;
+	};
+	const uint64_t base = uint64_t(uintptr_t(target.data()));
+	std::memcpy(d.buf.data(), "xrc-far!", 8);
+	CHECK(post(IBV_WR_RDMA_WRITE, d.sge(0, 8), base) == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(target.data(), "xrc-far!", 8) == 0);
+	CHECK(post(IBV_WR_RDMA_READ, d.sge(64, 8), base) == IBV_WC_SUCCESS);
+	CHECK(std::memcmp(d.buf.data() + 64, "xrc-far!", 8) == 0);
+	CHECK(post(IBV_WR_ATOMIC_FETCH_AND_ADD, d.sge(128, 8), base + 8) == IBV_WC_SUCCESS);
+	CHECK(target[1] == 5);
+	/* WRITE_WITH_IMM: the bytes land here, and the immediate takes the
+	 * SRQ's WQE, completed on the SRQ's CQ for the peer's QP. */
+	std::memcpy(d.buf.data(), "with-imm", 8);
+	struct ibv_send_wr wr{};
+	wr.wr_id = 5;
+	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr.qp_type.xrc.remote_srqn = srqn;
+	wr.imm_data = htonl(0x1234);
+	wr.wr.rdma.remote_addr = base + 16;
+	wr.wr.rdma.rkey = mr->rkey;
+	REQUIRE(shmv_test::post_send_sge(sqp, wr, d.sge(0, 8)) == 0);
+	struct ibv_wc wc[2];
+	int got = 0;
+	for (int i = 0; i < 2000 && got < 2; i++) {
+		got += ibv_poll_cq(cq, 2 - got, wc + got);
+		if (got < 2)
+			std::this_thread::sleep_for(std::chrono::milliseconds(1));
+	}
+	REQUIRE(got == 2);
+	for (const struct ibv_wc &w : wc) {
+		CHECK(w.status == IBV_WC_SUCCESS);
+		if (w.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+			CHECK(w.wr_id == 77);
+			CHECK(w.qp_num == rqpn);
+			CHECK(ntohl(w.imm_data) == 0x1234);
+		} else {
+			CHECK(w.opcode == IBV_WC_RDMA_WRITE);
+		}
+	}
+	CHECK(std::memcmp(&target[2], "with-imm", 8) == 0);
+
+	peer.send("end");
+	CHECK(peer.line() == "done\n");
+	CHECK(ibv_destroy_qp(sqp) == 0);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(ibv_destroy_srq(srq) == 0);
+	CHECK(ibv_close_xrcd(xrcd) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	close(fd);
+	unlink(path.c_str());
 }
 
 TEST_CASE("XRC: a WRITE the XRC_RECV QP did not enable is a remote access error", "[xrc]")
