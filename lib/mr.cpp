@@ -584,10 +584,12 @@ Result<Mr> reg_mr(Context &ctx, Pd &pd, void *addr, size_t length, uint64_t iova
 Result<Mr> reg_dm_mr(Context &ctx, Pd &pd, Dm &dm, uint64_t offset, size_t length,
 		     uint32_t access)
 {
-	/* libmlx5's mask, then libibverbs' ZERO_BASED, then uverbs. */
+	/* libmlx5's mask, then libibverbs' ZERO_BASED, then uverbs and
+	 * mlx5_ib's MEMIC mask, which (unlike libmlx5's) leaves out the
+	 * optional bits: IBV_ACCESS_RELAXED_ORDERING is EINVAL here. */
 	constexpr uint32_t allowed = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
 				     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-				     IBV_ACCESS_ZERO_BASED | IBV_ACCESS_OPTIONAL_RANGE;
+				     IBV_ACCESS_ZERO_BASED;
 	if ((access & ~allowed) || !(access & IBV_ACCESS_ZERO_BASED))
 		return Err{EINVAL};
 	if (int err = check_mr_access(access, false))
