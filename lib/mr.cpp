@@ -748,14 +748,15 @@ int advise_mr(Context &ctx, Pd &pd, enum ibv_advise_mr_advice advice, uint32_t f
 		return EOPNOTSUPP;
 	const KeyTable &keys = KeyTable::of(*ctx.device);
 	/* get_prefetchable_mr(): an ODP MR of this PD, writable for a write
-	 * prefetch. */
+	 * prefetch, as ib_access_writable() counts it: local write or
+	 * MW_BIND (remote write and atomics need local write). */
 	auto check = [&](const KeyRef &ref) {
 		if (!ref || ref->kind != KeyKind::Mr || !is_odp(ref->access))
 			return ENOENT;
 		if (ref->pdn != pd.pdn)
 			return EPERM;
 		if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
-		    !(ref->access & IBV_ACCESS_LOCAL_WRITE))
+		    !(ref->access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND)))
 			return EPERM;
 		return 0;
 	};

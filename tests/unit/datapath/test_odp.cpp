@@ -310,6 +310,10 @@ TEST_CASE("ibv_advise_mr: mlx5_ib's checks, and a prefetch faults the pages in",
 	struct ibv_sge ro = {area.addr(0), 64, read_only->lkey};
 	CHECK(ibv_advise_mr(pd, write, flush, &ro, 1) == EPERM);
 	CHECK(ibv_advise_mr(pd, prefetch, flush, &ro, 1) == 0);
+	/* ib_access_writable(): MW_BIND makes an MR writable too. */
+	Mr bind_only(ibv_reg_mr(pd, area.p, area.n, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_MW_BIND));
+	struct ibv_sge bo = {area.addr(0), 64, bind_only->lkey};
+	CHECK(ibv_advise_mr(pd, write, flush, &bo, 1) == 0);
 	struct ibv_sge outside = {area.addr(0), uint32_t(area.n + 1), odp->lkey};
 	CHECK(ibv_advise_mr(pd, prefetch, flush, &outside, 1) == EFAULT);
 	/* A page that cannot be had: an error only for a synchronous
