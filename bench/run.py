@@ -417,6 +417,13 @@ def comparisons(sizes):
             if s in sizes["fi"]:
                 add(f"{test} {size_label(s)} vs libfabric shm", (S, f"{test}/{s}"),
                     (F, f"fi_pingpong/{s}/bw"), "higher", t(3))
+        if s == MiB and s in sizes["fi"]:
+            # What any transport that copies each byte once is bounded by,
+            # and a peer, against the reference of the ">= 3x" targets.
+            add(f"memcpy hot {size_label(s)} vs libfabric shm (the copy's ceiling)",
+                (R, f"memcpy_hot_{s}"), (F, f"fi_pingpong/{s}/bw"), "higher", None)
+            add(f"UCX put_bw {size_label(s)} vs libfabric shm", (U, f"put_bw/{s}"),
+                (F, f"fi_pingpong/{s}/bw"), "higher", None)
         add(f"ib_send_bw {size_label(s)} vs UCX put_bw", (S, f"ib_send_bw/{s}"),
             (U, f"put_bw/{s}"), "higher", t(0.7))
         add(f"ib_send_bw {size_label(s)} vs UCX tag_bw", (S, f"ib_send_bw/{s}"),
