@@ -1480,7 +1480,8 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		return unreachable();
 	}
 	if (!(type_ == IBV_QPT_UD ? responder_ready(*t.desc)
-				  : answers_to(*t.desc, qpn_) && connected_responder_ready(*t.desc))) {
+				  : answers_to(*t.desc, qpn_, type_) &&
+					  connected_responder_ready(*t.desc))) {
 		/* A responder that is not ready drops packets. Its reset waits
 		 * for the count (wait_for_senders). */
 		release_holds();
@@ -1516,8 +1517,8 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 		rs.cq_has_channel = t.desc->recv_cq_has_channel;
 		rs.channel_id = target_qpn;
 		if (type_ == IBV_QPT_XRC_SEND) {
-			if (t.desc->type != IBV_QPT_XRC_RECV ||
-			    !peer_srq(device_, wr.xrc_srqn, rs.srq_obj, rs.q) ||
+			/* The target is an XRC_RECV QP (answers_to()). */
+			if (!peer_srq(device_, wr.xrc_srqn, rs.srq_obj, rs.q) ||
 			    rs.q.rq->srq_type != IBV_SRQT_XRC ||
 			    rs.q.rq->xrc_domain != t.desc->xrc_domain)
 				return IBV_WC_REM_INV_REQ_ERR;
@@ -2106,7 +2107,7 @@ QpEngine::Direct QpEngine::run_direct(const DirectWr &wr)
 		hold_target(t);
 	if (t.dead.load(std::memory_order_seq_cst))
 		return Direct::NotTaken;
-	if (!answers_to(t, qpn_)) {
+	if (!answers_to(t, qpn_, type_)) {
 		release_holds(); /* held_target_ready() relies on the check */
 		return Direct::NotTaken;
 	}

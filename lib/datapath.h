@@ -66,15 +66,21 @@ namespace shmverbs {
 	       d.remote_error.load(std::memory_order_relaxed) == shm::remote_error_none;
 }
 
-/* Whether connected responder `d` (RC, UC, XRC_RECV) answers QP `sender`:
- * only the QP it is connected to. A device's responder sends its ACKs and
- * NAKs to its own peer, so another requester never hears back and, on RC,
- * runs out of retries (on UC its packets meet a PSN of another stream).
- * Checked when a sender takes its hold on the responder: the destination
- * changes only through RESET, whose wait for senders takes the hold back. */
-[[gnu::always_inline]] inline bool answers_to(const shm::QpDesc &d, uint32_t sender)
+/* Whether connected responder `d` (RC, UC, XRC_RECV) answers QP `sender`
+ * of type `sender_type`: only the QP it is connected to, and only over its
+ * own transport (RC to RC, UC to UC, XRC_SEND to XRC_RECV: a packet whose
+ * opcode is of another transport is dropped). A device's responder sends
+ * its ACKs and NAKs to its own peer, so another requester never hears back
+ * and, on RC, runs out of retries (on UC its packets meet a PSN of another
+ * stream). Checked when a sender takes its hold on the responder: the
+ * destination changes only through RESET, whose wait for senders takes the
+ * hold back, and the type never. */
+[[gnu::always_inline]] inline bool answers_to(const shm::QpDesc &d, uint32_t sender,
+					      enum ibv_qp_type sender_type)
 {
-	return d.dest_qpn.load(std::memory_order_relaxed) == sender;
+	const uint32_t transport =
+		sender_type == IBV_QPT_XRC_SEND ? uint32_t(IBV_QPT_XRC_RECV) : uint32_t(sender_type);
+	return d.type == transport && d.dest_qpn.load(std::memory_order_relaxed) == sender;
 }
 
 /* responder_ready() of a connected responder (RC, UC, XRC_RECV), which

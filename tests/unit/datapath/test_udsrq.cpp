@@ -1113,6 +1113,52 @@ TEST_CASE("XRC: a SEND naming no XRC SRQ is an invalid request; the XRC_RECV QP 
 	CHECK(XrcLink::in_state(x.rqp, IBV_QPS_ERR));
 }
 
+TEST_CASE("a connected requester whose peer is of another transport never hears back",
+	  "[xrc][uc]")
+{
+	/* Each pair names the other as its peer, but a responder drops
+	 * packets of another transport's opcodes: RC and XRC requesters run
+	 * out of retries, a UC message is lost, and the responder takes
+	 * nothing and stays as it was. */
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	const uint16_t lid = d.port.lid;
+	auto in_state = [](struct ibv_qp *qp, enum ibv_qp_state state) {
+		struct ibv_qp_attr a{};
+		struct ibv_qp_init_attr ia{};
+		return ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == state;
+	};
+	struct Case {
+		enum ibv_qp_type requester, responder;
+		enum ibv_wc_status status;
+	};
+	const Case c = GENERATE(Case{IBV_QPT_RC, IBV_QPT_UC, IBV_WC_RETRY_EXC_ERR},
+				Case{IBV_QPT_UC, IBV_QPT_RC, IBV_WC_SUCCESS},
+				Case{IBV_QPT_XRC_SEND, IBV_QPT_RC, IBV_WC_RETRY_EXC_ERR});
+	CAPTURE(c.requester, c.responder);
+	struct ibv_qp *req = c.requester == IBV_QPT_XRC_SEND ? make_xrc_send(d, cq)
+							     : make_qp(d, cq, c.requester);
+	struct ibv_qp *resp = make_qp(d, cq, c.responder);
+	REQUIRE((req && resp));
+	REQUIRE(to_rts(resp, c.responder, req->qp_num, lid) == 0);
+	REQUIRE(to_rts(req, c.requester, resp->qp_num, lid) == 0);
+	REQUIRE(post_rq(resp, d.sge(256, 64), 7) == 0);
+	std::memcpy(d.buf.data(), "wrong-way", 9);
+	REQUIRE(send(req, d.sge(0, 9), 1, nullptr, 0, 0,
+		     c.requester == IBV_QPT_XRC_SEND ? 1 : 0) == 0);
+	struct ibv_wc wc{};
+	REQUIRE(poll_one(cq, wc) == 1);
+	CHECK(wc.wr_id == 1);
+	CHECK(wc.status == c.status);
+	CHECK(ibv_poll_cq(cq, 1, &wc) == 0); /* no receive completion */
+	CHECK(std::memcmp(d.buf.data() + 256, "wrong-way", 9) != 0);
+	CHECK(in_state(resp, IBV_QPS_RTS));
+	CHECK(ibv_destroy_qp(req) == 0);
+	CHECK(ibv_destroy_qp(resp) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
 /* ---- UD ---- */
 
 struct UdPair {
