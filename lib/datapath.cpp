@@ -541,6 +541,7 @@ void QpEngine::snapshot_attr()
 	const bool ib = port && port->attr.link_layer == IBV_LINK_LAYER_INFINIBAND;
 	lrh_slid_ = ib ? port->attr.lid : 0;
 	lrh_sl_ = ib ? attr_.ah_attr.sl : 0;
+	recv_grh_ = attr_.ah_attr.is_global ? uint32_t(IBV_WC_GRH) : 0;
 }
 
 void QpEngine::state_changed(enum ibv_qp_state, enum ibv_qp_state to)
@@ -1664,7 +1665,7 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 							IBV_WC_RECV_RDMA_WITH_IMM, target_qpn);
 			rc.wc.byte_len = uint32_t(length);
 			rc.wc.imm_data = wr.imm_data;
-			rc.wc.wc_flags = IBV_WC_WITH_IMM;
+			rc.wc.wc_flags = IBV_WC_WITH_IMM | recv_grh_;
 			rc.wc.src_qp = qpn_;
 			rc.wc.slid = lrh_slid_;
 			rc.wc.sl = lrh_sl_;
@@ -1714,6 +1715,7 @@ QpEngine::Outcome QpEngine::execute_wr(SendWr &wr, struct ibv_wc &wc)
 			rc.wc.imm_data = wr.imm_data;
 			rc.wc.wc_flags = IBV_WC_WITH_INV;
 		}
+		rc.wc.wc_flags |= recv_grh_;
 		rc.wc.byte_len = uint32_t(length + skip);
 		enum ibv_wc_status sender = IBV_WC_SUCCESS;
 		if (length + skip > room) {
@@ -2300,7 +2302,7 @@ bool QpEngine::send_direct(enum ibv_wr_opcode opcode, unsigned int send_flags, u
 				 imm ? imm_data : 0,
 				 t.qpn,
 				 qpn_,
-				 imm ? uint32_t(IBV_WC_WITH_IMM) : 0,
+				 (imm ? uint32_t(IBV_WC_WITH_IMM) : 0) | recv_grh_,
 				 bool(send_flags & IBV_SEND_SOLICITED),
 				 lrh_slid_,
 				 lrh_sl_};

@@ -777,6 +777,10 @@ private:
 	 * (snapshot_attr()). */
 	uint16_t lrh_slid_ = 0;
 	uint8_t lrh_sl_ = 0;
+	/* IBV_WC_GRH when this QP's messages carry a GRH (its path is global,
+	 * which RoCE requires), for the responder's receive completions, as
+	 * mlx5's CQE reports it for every QP type; else 0. */
+	uint32_t recv_grh_ = 0;
 	uint32_t pdn_;
 	Cq *send_cq_;
 	Cq *recv_cq_;

@@ -25,6 +25,7 @@ struct QpPath {
 	uint8_t retry_cnt = 3;
 	uint8_t rnr_retry = 7;
 	uint8_t sl = 0; /* RTR ah_attr.sl (not UD) */
+	bool global = false; /* RTR ah_attr with a GRH to port 1's GID 0 (not UD) */
 };
 
 /* RESET -> INIT on port 1: an errno, 0 on success. */
@@ -63,6 +64,12 @@ inline int qp_init_to_rts(struct ibv_qp *qp, enum ibv_qp_type type, uint32_t des
 		a.ah_attr.dlid = dlid;
 		a.ah_attr.sl = p.sl;
 		a.ah_attr.port_num = 1;
+		if (p.global) {
+			a.ah_attr.is_global = 1;
+			a.ah_attr.grh.hop_limit = 1;
+			if (int e = ibv_query_gid(qp->context, 1, 0, &a.ah_attr.grh.dgid))
+				return e;
+		}
 		mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
 		if (reliable) {
 			a.max_dest_rd_atomic = p.max_rd_atomic;

@@ -1159,6 +1159,66 @@ TEST_CASE("a connected requester whose peer is of another transport never hears 
 	CHECK(ibv_destroy_cq(cq) == 0);
 }
 
+TEST_CASE("RC and UC receive completions say IBV_WC_GRH when the sender's path is global",
+	  "[uc]")
+{
+	/* mlx5's CQE reports a GRH for any QP type: `a` reaches `b` through
+	 * a global path (as RoCE always does), `b` reaches `a` without. */
+	const enum ibv_qp_type type = GENERATE(IBV_QPT_RC, IBV_QPT_UC);
+	CAPTURE(type);
+	Dev d;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+	REQUIRE(cq);
+	struct ibv_qp *a = make_qp(d, cq, type), *b = make_qp(d, cq, type);
+	REQUIRE((a && b));
+	std::vector<char> target(64);
+	struct ibv_mr *wmr = ibv_reg_mr(d.pd, target.data(), target.size(),
+					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(wmr);
+	shmv_test::QpPath plain, global;
+	plain.access = global.access = IBV_ACCESS_REMOTE_WRITE;
+	global.global = true;
+	REQUIRE(shmv_test::qp_to_rts(a, type, b->qp_num, d.port.lid, global) == 0);
+	REQUIRE(shmv_test::qp_to_rts(b, type, a->qp_num, d.port.lid, plain) == 0);
+	for (int i = 0; i < 2; i++) {
+		REQUIRE(post_rq(b, d.sge(256 + 64 * i, 64), 10 + i) == 0);
+		REQUIRE(post_rq(a, d.sge(512 + 64 * i, 64), 20 + i) == 0);
+	}
+	/* What the receiver of one message from `from` reports. */
+	auto received = [&](struct ibv_qp *from, enum ibv_wr_opcode op) {
+		struct ibv_send_wr wr{};
+		wr.opcode = op;
+		wr.imm_data = htonl(5);
+		wr.wr.rdma.remote_addr = uint64_t(uintptr_t(target.data()));
+		wr.wr.rdma.rkey = wmr->rkey;
+		REQUIRE(shmv_test::post_send_sge(from, wr, d.sge(0, 8)) == 0);
+		struct ibv_wc wc[2] = {};
+		int got = 0;
+		for (int i = 0; i < 2000 && got < 2; i++) {
+			got += ibv_poll_cq(cq, 2 - got, wc + got);
+			if (got < 2)
+				std::this_thread::sleep_for(std::chrono::milliseconds(1));
+		}
+		REQUIRE(got == 2);
+		for (const struct ibv_wc &w : wc)
+			if (w.opcode & IBV_WC_RECV) {
+				CHECK(w.status == IBV_WC_SUCCESS);
+				return w.wc_flags;
+			}
+		FAIL("no receive completion");
+		return 0u;
+	};
+	CHECK(received(a, IBV_WR_SEND) == IBV_WC_GRH);
+	CHECK(received(b, IBV_WR_SEND) == 0);
+	/* WRITE_WITH_IMM takes another way to its receive completion. */
+	CHECK(received(a, IBV_WR_RDMA_WRITE_WITH_IMM) == (IBV_WC_GRH | IBV_WC_WITH_IMM));
+	CHECK(received(b, IBV_WR_RDMA_WRITE_WITH_IMM) == IBV_WC_WITH_IMM);
+	CHECK(ibv_dereg_mr(wmr) == 0);
+	CHECK(ibv_destroy_qp(a) == 0);
+	CHECK(ibv_destroy_qp(b) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+}
+
 /* ---- UD ---- */
 
 struct UdPair {
