@@ -114,3 +114,18 @@ int guard_int(F &&f) noexcept
 			return fp__(__VA_ARGS__);                                        \
 		return EINVAL;                                                           \
 	} while (0)
+
+/* The same for the verbs whose convention is -1 and errno (ibv_query_gid,
+ * ibv_query_pkey, ibv_get_async_event, ibv_get_cq_event): a positive
+ * return would read as success to code that checks for < 0. */
+#define SHMV_FORWARD_NEG1(name, version, ...)                                           \
+	do {                                                                             \
+		if (::shmverbs::inherited_context_refused()) {                          \
+			errno = EIO;                                                     \
+			return -1;                                                       \
+		}                                                                        \
+		if (auto fp__ = SHMV_NEXT(name, version))                               \
+			return fp__(__VA_ARGS__);                                        \
+		errno = EINVAL;                                                          \
+		return -1;                                                               \
+	} while (0)

@@ -140,7 +140,7 @@ SHMV_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq
 		return -1;
 	}
 	if (!to_context(channel->context))
-		SHMV_FORWARD_INT(ibv_get_cq_event, "IBVERBS_1.1", channel, cq, cq_context);
+		SHMV_FORWARD_NEG1(ibv_get_cq_event, "IBVERBS_1.1", channel, cq, cq_context);
 	Cq *got = nullptr;
 	int err = guard_int([&] { return get_cq_event(*CompChannel::from(channel), got); });
 	if (err) {

@@ -39,6 +39,8 @@ void expect(bool ok, const char *what)
 
 /* An extended CQ of the parent (ibv_start_poll() is not a context slot). */
 struct ibv_cq_ex *parent_cq_ex = nullptr;
+/* A completion channel of the parent. */
+struct ibv_comp_channel *parent_channel = nullptr;
 
 /* The child: first the parent's objects, then its own device. Reports its
  * UD QP number on `to_parent`; exits 0 when everything held. */
@@ -65,6 +67,26 @@ struct ibv_cq_ex *parent_cq_ex = nullptr;
 	errno = 0;
 	expect(ibv_alloc_mw(parent.dev.pd, IBV_MW_TYPE_2) == nullptr && errno == EIO, "alloc_mw EIO");
 	expect(ibv_destroy_qp(parent.dev.qp) == EIO, "destroy_qp EIO");
+	/* The verbs whose convention is -1 and errno say so the same way. */
+	union ibv_gid gid;
+	errno = 0;
+	expect(ibv_query_gid(parent.dev.ctx, 1, 0, &gid) == -1 && errno == EIO, "query_gid -1, EIO");
+	__be16 pkey;
+	errno = 0;
+	expect(ibv_query_pkey(parent.dev.ctx, 1, 0, &pkey) == -1 && errno == EIO,
+	       "query_pkey -1, EIO");
+	struct ibv_async_event ev;
+	errno = 0;
+	expect(ibv_get_async_event(parent.dev.ctx, &ev) == -1 && errno == EIO,
+	       "get_async_event -1, EIO");
+	struct ibv_cq *ev_cq = nullptr;
+	void *ev_ctx = nullptr;
+	errno = 0;
+	expect(ibv_get_cq_event(parent_channel, &ev_cq, &ev_ctx) == -1 && errno == EIO,
+	       "get_cq_event -1, EIO");
+	/* libibverbs' close returns 0 whatever happens; nothing is done. */
+	expect(ibv_close_device(parent.dev.ctx) == 0, "close_device 0");
+	expect(ibv_query_device(parent.dev.ctx, &da) == EIO, "query_device EIO after close");
 
 	/* 2. Its own device, talking to the parent. */
 	{
@@ -124,11 +146,15 @@ TEST_CASE("fork: the child opens the device and runs the data path; the parent's
 	cqa.wc_flags = IBV_WC_STANDARD_FLAGS;
 	parent_cq_ex = ibv_create_cq_ex(parent.dev.ctx, &cqa);
 	REQUIRE(parent_cq_ex);
+	parent_channel = ibv_create_comp_channel(parent.dev.ctx);
+	REQUIRE(parent_channel);
 	struct CqExGuard {
 		~CqExGuard()
 		{
 			ibv_destroy_cq(ibv_cq_ex_to_cq(parent_cq_ex));
 			parent_cq_ex = nullptr;
+			ibv_destroy_comp_channel(parent_channel);
+			parent_channel = nullptr;
 		}
 	} cq_ex_guard;
 	int up[2], down[2];
