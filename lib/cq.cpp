@@ -11,6 +11,7 @@
 #include "cq_produce.h"
 #include "datapath.h"
 #include "device.h"
+#include "fork.h"
 #include "process.h"
 #include "segment.h"
 
@@ -907,6 +908,7 @@ Result<Cq> create_cq(Context &ctx, const struct ibv_cq_init_attr_ex &attr, bool 
 		cq->channel->cqs.push_back(cq);
 	}
 	ctx.add_event_source(cq, &cq->async_events);
+	process_fork_ranges().queue_created();
 	return cq;
 }
 

@@ -300,18 +300,29 @@ size_t ForkRanges::segments() const
 	return segments_.size();
 }
 
+void ForkRanges::queue_created()
+{
+	std::lock_guard guard(lock_);
+	if (!initialized_)
+		too_late_ = true;
+}
+
 ForkRanges &process_fork_ranges()
 {
 	/* Never destroyed: MRs may be deregistered from other destructors. */
-	static ForkRanges *ranges = [] {
-		auto *r = new ForkRanges(::madvise, smaps_page_size_of);
-		if (env_flag("RDMAV_FORK_SAFE") || env_flag("IBV_FORK_SAFE")) {
-			if (r->init(std::getenv("RDMAV_HUGEPAGES_SAFE") != nullptr))
-				log_error("fork()-safety requested but init failed");
-		}
-		return r;
-	}();
+	static ForkRanges *ranges = new ForkRanges(::madvise, smaps_page_size_of);
 	return *ranges;
+}
+
+void apply_fork_env()
+{
+	static std::once_flag once;
+	std::call_once(once, [] {
+		if (!env_flag("RDMAV_FORK_SAFE") && !env_flag("IBV_FORK_SAFE"))
+			return;
+		if (process_fork_ranges().init(std::getenv("RDMAV_HUGEPAGES_SAFE") != nullptr))
+			log_error("fork()-safety requested but init failed");
+	});
 }
 
 } // namespace shmverbs

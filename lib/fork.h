@@ -46,6 +46,13 @@ public:
 	int dontfork(void *base, size_t size);
 	int dofork(void *base, size_t size);
 
+	/* A CQ, QP or SRQ was created. libmlx5 marks each queue buffer and
+	 * doorbell record it allocates with ibv_dontfork_range(), so before
+	 * init() the first one makes init() too late (EINVAL), as a
+	 * registration does. Our queues live in the segment: after init()
+	 * there is nothing to advise. */
+	void queue_created();
+
 	/* How many registrations cover addr (for tests). */
 	uint32_t count_at(uintptr_t addr) const;
 	/* Number of stored segments, i.e. maximal runs of equal count. */
@@ -77,10 +84,14 @@ private:
 	std::map<uintptr_t, Segment> segments_;
 };
 
-/* The process-wide instance behind the exported verbs. The first use applies
- * RDMAV_FORK_SAFE / IBV_FORK_SAFE (set and not "0"), which rdma-core applies
- * when the library initialises. */
+/* The process-wide instance behind the exported verbs. */
 ForkRanges &process_fork_ranges();
+
+/* rdma-core's ibverbs_init() part: RDMAV_FORK_SAFE / IBV_FORK_SAFE (set and
+ * not "0") call ibv_fork_init(), once, at the first ibv_get_device_list();
+ * set later they do nothing, and after a registration the init fails (a
+ * warning on stderr, as rdma-core prints). */
+void apply_fork_env();
 
 /* rdma-core's reading of a boolean environment variable: set and not "0". */
 bool env_flag(const char *name);

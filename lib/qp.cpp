@@ -9,6 +9,7 @@
 #include "ud.h"
 
 #include "datapath.h"
+#include "fork.h"
 #include "ids.h"
 #include "qp_state.h"
 
@@ -503,6 +504,7 @@ Result<Qp> create_qp(Context &ctx, struct ibv_qp_init_attr_ex &attr)
 	attach_data_path(*qp);
 
 	attr.cap = caps.created;
+	process_fork_ranges().queue_created();
 	return qp;
 }
 

@@ -22,6 +22,7 @@
 #include "abi_enum.h"
 #include "srq_ring.h"
 #include "device.h"
+#include "fork.h"
 #include "ids.h"
 #include "log.h"
 
@@ -426,6 +427,7 @@ Result<Srq> create_srq(Context &ctx, struct ibv_srq_init_attr_ex &attr)
 
 	attr.attr.max_wr = max_wr;
 	attr.attr.max_sge = max_sge;
+	process_fork_ranges().queue_created();
 	return srq;
 }
 

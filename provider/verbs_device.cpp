@@ -9,6 +9,7 @@
 
 #include "context.h"
 #include "device.h"
+#include "fork.h"
 
 #include <infiniband/verbs.h>
 
@@ -90,6 +91,7 @@ void install_device_ops(struct verbs_context &v)
 SHMV_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
 {
 	return guard_ptr([&]() -> struct ibv_device ** {
+		apply_fork_env(); /* rdma-core's ibverbs_init() */
 		const auto &list = devices();
 		/* Never NULL for "no device": programs treat NULL as a hard
 		 * error and an empty list as "skip". */

@@ -5,7 +5,9 @@
  * values they return, and their errno for bad arguments.
  *
  * Tags: [.][fork-safe] runs in a process with RDMAV_FORK_SAFE=1, [.][eth] in
- * one with SHMVERBS_LINK_LAYER=eth (tests/meson.build).
+ * one with SHMVERBS_LINK_LAYER=eth, [.][fork-after-queue] and
+ * [.][fork-env-late] each in a fresh process of their own
+ * (tests/meson.build).
  */
 #include <infiniband/sa.h>
 #include <infiniband/verbs.h>
@@ -238,10 +240,70 @@ bool child_can_read(const volatile char *addr)
 
 } // namespace
 
+TEST_CASE("fork protection: too late once a CQ, QP or SRQ exists", "[.][fork-after-queue]")
+{
+	/* libmlx5 marks every queue buffer it allocates with
+	 * ibv_dontfork_range(), which before ibv_fork_init() makes it too
+	 * late. This process has done nothing with verbs yet: each child
+	 * starts from that, creates one kind of queue and tries. */
+	for (int kind = 0; kind < 3; kind++) {
+		CAPTURE(kind);
+		pid_t pid = fork();
+		REQUIRE(pid >= 0);
+		if (pid == 0) {
+			shmv_test::DeviceWithPd d;
+			struct ibv_cq *cq = ibv_create_cq(d.ctx, 4, nullptr, nullptr, 0);
+			if (!cq)
+				_exit(2);
+			if (kind == 1) {
+				struct ibv_qp_init_attr qa{};
+				qa.send_cq = qa.recv_cq = cq;
+				qa.qp_type = IBV_QPT_RC;
+				qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
+				qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+				if (!ibv_create_qp(d.pd, &qa))
+					_exit(2);
+			} else if (kind == 2) {
+				struct ibv_srq_init_attr sa{};
+				sa.attr.max_wr = 1;
+				sa.attr.max_sge = 1;
+				if (!ibv_create_srq(d.pd, &sa))
+					_exit(2);
+			}
+			_exit(ibv_fork_init() == EINVAL ? 0 : 3);
+		}
+		int status = 0;
+		REQUIRE(waitpid(pid, &status, 0) == pid);
+		CHECK(WIFEXITED(status));
+		CHECK(WEXITSTATUS(status) == 0);
+	}
+	/* Without any queue it is not too late. */
+	shmv_test::DeviceWithPd d;
+	CHECK(ibv_fork_init() == 0);
+}
+
+TEST_CASE("fork protection: RDMAV_FORK_SAFE counts only at the first ibv_get_device_list",
+	  "[.][fork-env-late]")
+{
+	/* rdma-core reads it in ibverbs_init(), once: set later, it does
+	 * nothing, so a registration still makes ibv_fork_init() too late. */
+	REQUIRE_FALSE(std::getenv("RDMAV_FORK_SAFE"));
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	REQUIRE(list);
+	ibv_free_device_list(list);
+	REQUIRE(setenv("RDMAV_FORK_SAFE", "1", 1) == 0);
+	static char buf[4096];
+	CHECK(ibv_dontfork_range(buf, sizeof(buf)) == 0);
+	CHECK(ibv_fork_init() == EINVAL);
+	unsetenv("RDMAV_FORK_SAFE");
+}
+
 TEST_CASE("fork protection with RDMAV_FORK_SAFE: counted DONTFORK ranges", "[.][fork-safe]")
 {
 	REQUIRE(std::getenv("RDMAV_FORK_SAFE"));
-	/* The environment initialised it; calling again is fine. */
+	/* The environment initialised it at the first ibv_get_device_list, or
+	 * the call below does; calling again is fine. */
 	CHECK(ibv_fork_init() == 0);
 	CHECK(ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
 
