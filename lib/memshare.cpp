@@ -88,7 +88,8 @@ struct MapEntry {
 	unsigned dev_major, dev_minor;
 	unsigned long inode;
 	std::string name;
-	bool dontfork; /* VM_DONTCOPY ("dc"), only read with with_flags */
+	bool dontfork;   /* VM_DONTCOPY ("dc"), only read with with_flags */
+	bool wipeonfork; /* VM_WIPEONFORK ("wf"), only read with with_flags */
 };
 
 /* The mappings intersecting [lo, hi), in address order, unclipped. With
@@ -104,8 +105,10 @@ std::vector<MapEntry> read_maps(uintptr_t lo, uintptr_t hi, bool with_flags = fa
 	bool last_kept = false;
 	while (std::fgets(line, sizeof(line), f)) {
 		if (with_flags && std::strncmp(line, "VmFlags:", 8) == 0) {
-			if (last_kept)
+			if (last_kept) {
 				out.back().dontfork = std::strstr(line, " dc") != nullptr;
+				out.back().wipeonfork = std::strstr(line, " wf") != nullptr;
+			}
 			continue;
 		}
 		MapEntry m{};
@@ -499,7 +502,61 @@ struct State {
 	ino_t ino = 0;
 	int pagemap_fd = -1;
 	PageCounts counts;
+	/* Shared ranges the application had advised MADV_WIPEONFORK before
+	 * they were switched, which a shared mapping cannot take: a child
+	 * gets zeros there (on_fork_prepare), and the advice goes back on
+	 * the private mapping at the switch back (unshare). Disjoint, start
+	 * -> end. */
+	std::map<uintptr_t, uintptr_t> wipe;
 };
+
+/* Removes [lo, hi) from st.wipe; returns the parts it held. */
+std::vector<std::pair<uintptr_t, uintptr_t>> take_wipe(State &st, uintptr_t lo, uintptr_t hi)
+{
+	std::vector<std::pair<uintptr_t, uintptr_t>> out;
+	auto it = st.wipe.upper_bound(lo);
+	if (it != st.wipe.begin())
+		--it;
+	while (it != st.wipe.end() && it->first < hi) {
+		const uintptr_t a = it->first, b = it->second;
+		if (b <= lo) {
+			++it;
+			continue;
+		}
+		it = st.wipe.erase(it);
+		if (a < lo)
+			st.wipe[a] = lo;
+		if (b > hi)
+			st.wipe[hi] = b;
+		out.emplace_back(std::max(a, lo), std::min(b, hi));
+	}
+	return out;
+}
+
+/*
+ * A switch makes a new mapping, which has none of the advice the
+ * application gave the old one: `flags` (read_maps with_flags, before the
+ * switch) says what it was over [s, e). MADV_DONTFORK is given again; a
+ * range that was MADV_WIPEONFORK is kept in st.wipe. Used in both
+ * directions (shared -> private gets WIPEONFORK back from st.wipe).
+ */
+void keep_app_advice(State &st, const std::vector<MapEntry> &flags, uintptr_t s, uintptr_t e,
+		     bool to_shared)
+{
+	if (!to_shared) {
+		for (const auto &[lo, hi] : take_wipe(st, s, e))
+			madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_WIPEONFORK);
+	}
+	for (const MapEntry &m : flags) {
+		const uintptr_t lo = std::max(m.start, s), hi = std::min(m.end, e);
+		if (hi <= lo)
+			continue;
+		if (m.dontfork)
+			madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_DONTFORK);
+		if (to_shared && m.wipeonfork)
+			st.wipe[lo] = hi;
+	}
+}
 
 State &state()
 {
@@ -778,6 +835,14 @@ void on_fork_prepare()
 			munmap(r.snapshot, r.end - r.start);
 			r.snapshot = nullptr;
 		}
+		/* MADV_WIPEONFORK the application gave before the switch:
+		 * the child's copy of those pages is zero. */
+		if (r.snapshot)
+			for (const auto &[a, b] : st.wipe) {
+				const uintptr_t lo = std::max(a, r.start), hi = std::min(b, r.end);
+				if (lo < hi)
+					madvise(r.snapshot + (lo - r.start), hi - lo, MADV_DONTNEED);
+			}
 		if (!r.app_dontfork)
 			madvise(reinterpret_cast<void *>(r.start), r.end - r.start, MADV_DONTFORK);
 	}
@@ -821,6 +886,7 @@ void on_fork_child()
 		close(st.fd);
 	st.fd = -1;
 	st.counts.clear();
+	st.wipe.clear();
 	st.lock.unlock();
 }
 
@@ -929,6 +995,10 @@ Path share(void *addr, size_t len)
 			return fallback;
 		to_switch.push_back(std::move(pieces));
 	}
+	/* What the application advised there, which the switch would lose. */
+	std::vector<MapEntry> flags;
+	if (!to_switch.empty())
+		flags = read_maps(to_switch.front().front().start, to_switch.back().back().end, true);
 	size_t done = 0;
 	for (; done < to_switch.size(); done++) {
 		if (int err = switch_in(st, to_switch[done])) {
@@ -948,6 +1018,10 @@ Path share(void *addr, size_t len)
 		}
 		return fallback;
 	}
+	for (const std::vector<Piece> &run : to_switch) {
+		take_wipe(st, run.front().start, run.back().end); /* stale: it was private */
+		keep_app_advice(st, flags, run.front().start, run.back().end, true);
+	}
 	st.counts.add(s, e, +1);
 	return Path::shared;
 }
@@ -964,7 +1038,7 @@ void unshare(void *addr, size_t len)
 	auto dropped = st.counts.add(s, e, -1);
 	if (dropped.empty())
 		return;
-	const auto maps = read_maps(dropped.front().start, dropped.back().end);
+	const auto maps = read_maps(dropped.front().start, dropped.back().end, true);
 	for (const auto &run : dropped) {
 		/* Each maximal stretch still mapped from our file at offset ==
 		 * address goes back to private memory; anything the
@@ -977,6 +1051,8 @@ void unshare(void *addr, size_t len)
 				log_error("memshare: could not make [%#" PRIxPTR ", %#" PRIxPTR
 					  ") private again: %s; it stays shared",
 					  group.front().start, group.back().end, std::strerror(err));
+			else
+				keep_app_advice(st, maps, group.front().start, group.back().end, false);
 			group.clear();
 		};
 		for (const MapEntry &m : maps) {

@@ -238,7 +238,55 @@ bool child_can_read(const volatile char *addr)
 	return true;
 }
 
+/* The byte a forked child reads at addr, or -1 when reading it faults. */
+int child_byte(const volatile char *addr)
+{
+	pid_t pid = fork();
+	REQUIRE(pid >= 0);
+	if (pid == 0) {
+		struct rlimit no_core = {0, 0};
+		setrlimit(RLIMIT_CORE, &no_core);
+		signal(SIGSEGV, SIG_DFL);
+		_exit(static_cast<unsigned char>(*addr));
+	}
+	int status = 0;
+	REQUIRE(waitpid(pid, &status, 0) == pid);
+	if (WIFSIGNALED(status)) {
+		CHECK(WTERMSIG(status) == SIGSEGV);
+		return -1;
+	}
+	return WEXITSTATUS(status);
+}
+
 } // namespace
+
+TEST_CASE("fork: what the application advised a buffer holds after it is registered and "
+	  "deregistered",
+	  "[misc][fork]")
+{
+	/* Remote access makes the pages shareable: a new mapping, which has
+	 * none of the old one's advice unless it is given again. */
+	shmv_test::DeviceWithPd d;
+	const long ps = sysconf(_SC_PAGESIZE);
+	auto *p = static_cast<char *>(
+		mmap(nullptr, 3 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+	REQUIRE(p != MAP_FAILED);
+	std::memset(p, 'x', 3 * ps);
+	REQUIRE(madvise(p, ps, MADV_DONTFORK) == 0);
+	REQUIRE(madvise(p + ps, ps, MADV_WIPEONFORK) == 0);
+	struct ibv_mr *mr = ibv_reg_mr(d.pd, p, 3 * ps,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(mr);
+	CHECK(child_byte(p) == -1);      /* not in the child */
+	CHECK(child_byte(p + ps) == 0);  /* zero in the child */
+	CHECK(child_byte(p + 2 * ps) == 'x');
+	REQUIRE(ibv_dereg_mr(mr) == 0);
+	CHECK(child_byte(p) == -1);
+	CHECK(child_byte(p + ps) == 0);
+	CHECK(child_byte(p + 2 * ps) == 'x');
+	CHECK(p[ps] == 'x'); /* the parent's own pages are untouched */
+	munmap(p, 3 * ps);
+}
 
 TEST_CASE("fork protection: too late once a CQ, QP or SRQ exists", "[.][fork-after-queue]")
 {
