@@ -502,32 +502,33 @@ struct State {
 	ino_t ino = 0;
 	int pagemap_fd = -1;
 	PageCounts counts;
-	/* Shared ranges the application had advised MADV_WIPEONFORK before
-	 * they were switched, which a shared mapping cannot take: a child
-	 * gets zeros there (on_fork_prepare), and the advice goes back on
-	 * the private mapping at the switch back (unshare). Disjoint, start
-	 * -> end. */
-	std::map<uintptr_t, uintptr_t> wipe;
+	/* Shared ranges whose private pages the application had advised
+	 * MADV_DONTFORK or MADV_WIPEONFORK before they were switched: the
+	 * advice goes back on the private mapping at the switch back
+	 * (unshare), and a child gets zeros in `wipe` (on_fork_prepare),
+	 * which a shared mapping cannot be advised. Disjoint, start -> end. */
+	std::map<uintptr_t, uintptr_t> dontfork, wipe;
 };
 
-/* Removes [lo, hi) from st.wipe; returns the parts it held. */
-std::vector<std::pair<uintptr_t, uintptr_t>> take_wipe(State &st, uintptr_t lo, uintptr_t hi)
+/* Removes [lo, hi) from `set`; returns the parts it held. */
+std::vector<std::pair<uintptr_t, uintptr_t>> take_range(std::map<uintptr_t, uintptr_t> &set,
+							uintptr_t lo, uintptr_t hi)
 {
 	std::vector<std::pair<uintptr_t, uintptr_t>> out;
-	auto it = st.wipe.upper_bound(lo);
-	if (it != st.wipe.begin())
+	auto it = set.upper_bound(lo);
+	if (it != set.begin())
 		--it;
-	while (it != st.wipe.end() && it->first < hi) {
+	while (it != set.end() && it->first < hi) {
 		const uintptr_t a = it->first, b = it->second;
 		if (b <= lo) {
 			++it;
 			continue;
 		}
-		it = st.wipe.erase(it);
+		it = set.erase(it);
 		if (a < lo)
-			st.wipe[a] = lo;
+			set[a] = lo;
 		if (b > hi)
-			st.wipe[hi] = b;
+			set[hi] = b;
 		out.emplace_back(std::max(a, lo), std::min(b, hi));
 	}
 	return out;
@@ -535,27 +536,34 @@ std::vector<std::pair<uintptr_t, uintptr_t>> take_wipe(State &st, uintptr_t lo, 
 
 /*
  * A switch makes a new mapping, which has none of the advice the
- * application gave the old one: `flags` (read_maps with_flags, before the
- * switch) says what it was over [s, e). MADV_DONTFORK is given again; a
- * range that was MADV_WIPEONFORK is kept in st.wipe. Used in both
- * directions (shared -> private gets WIPEONFORK back from st.wipe).
+ * application gave the old one. To shared: `flags` (read_maps with_flags,
+ * before the switch) says what it was over [s, e): MADV_DONTFORK is given
+ * again, and both are noted. Back to private: what was noted is given
+ * again.
  */
-void keep_app_advice(State &st, const std::vector<MapEntry> &flags, uintptr_t s, uintptr_t e,
-		     bool to_shared)
+void keep_app_advice(State &st, const std::vector<MapEntry> &flags, uintptr_t s, uintptr_t e)
 {
-	if (!to_shared) {
-		for (const auto &[lo, hi] : take_wipe(st, s, e))
-			madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_WIPEONFORK);
-	}
+	take_range(st.dontfork, s, e); /* stale: from pages switched before */
+	take_range(st.wipe, s, e);
 	for (const MapEntry &m : flags) {
 		const uintptr_t lo = std::max(m.start, s), hi = std::min(m.end, e);
 		if (hi <= lo)
 			continue;
-		if (m.dontfork)
+		if (m.dontfork) {
 			madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_DONTFORK);
-		if (to_shared && m.wipeonfork)
+			st.dontfork[lo] = hi;
+		}
+		if (m.wipeonfork)
 			st.wipe[lo] = hi;
 	}
+}
+
+void restore_app_advice(State &st, uintptr_t s, uintptr_t e)
+{
+	for (const auto &[lo, hi] : take_range(st.dontfork, s, e))
+		madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_DONTFORK);
+	for (const auto &[lo, hi] : take_range(st.wipe, s, e))
+		madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_WIPEONFORK);
 }
 
 State &state()
@@ -886,6 +894,7 @@ void on_fork_child()
 		close(st.fd);
 	st.fd = -1;
 	st.counts.clear();
+	st.dontfork.clear();
 	st.wipe.clear();
 	st.lock.unlock();
 }
@@ -1018,10 +1027,8 @@ Path share(void *addr, size_t len)
 		}
 		return fallback;
 	}
-	for (const std::vector<Piece> &run : to_switch) {
-		take_wipe(st, run.front().start, run.back().end); /* stale: it was private */
-		keep_app_advice(st, flags, run.front().start, run.back().end, true);
-	}
+	for (const std::vector<Piece> &run : to_switch)
+		keep_app_advice(st, flags, run.front().start, run.back().end);
 	st.counts.add(s, e, +1);
 	return Path::shared;
 }
@@ -1038,7 +1045,7 @@ void unshare(void *addr, size_t len)
 	auto dropped = st.counts.add(s, e, -1);
 	if (dropped.empty())
 		return;
-	const auto maps = read_maps(dropped.front().start, dropped.back().end, true);
+	const auto maps = read_maps(dropped.front().start, dropped.back().end);
 	for (const auto &run : dropped) {
 		/* Each maximal stretch still mapped from our file at offset ==
 		 * address goes back to private memory; anything the
@@ -1052,7 +1059,7 @@ void unshare(void *addr, size_t len)
 					  ") private again: %s; it stays shared",
 					  group.front().start, group.back().end, std::strerror(err));
 			else
-				keep_app_advice(st, maps, group.front().start, group.back().end, false);
+				restore_app_advice(st, group.front().start, group.back().end);
 			group.clear();
 		};
 		for (const MapEntry &m : maps) {
