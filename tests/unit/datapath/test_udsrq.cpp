@@ -988,13 +988,8 @@ TEST_CASE("XRC: RDMA through another process's XRC_RECV QP reaches the MRs of th
 	wr.wr.rdma.rkey = mr->rkey;
 	REQUIRE(shmv_test::post_send_sge(sqp, wr, d.sge(0, 8)) == 0);
 	struct ibv_wc wc[2];
-	int got = 0;
-	for (int i = 0; i < 2000 && got < 2; i++) {
-		got += ibv_poll_cq(cq, 2 - got, wc + got);
-		if (got < 2)
-			std::this_thread::sleep_for(std::chrono::milliseconds(1));
-	}
-	REQUIRE(got == 2);
+	REQUIRE(poll_one(cq, wc[0]) == 1);
+	REQUIRE(poll_one(cq, wc[1]) == 1);
 	for (const struct ibv_wc &w : wc) {
 		CHECK(w.status == IBV_WC_SUCCESS);
 		if (w.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
@@ -1193,13 +1188,8 @@ TEST_CASE("RC and UC receive completions say IBV_WC_GRH when the sender's path i
 		wr.wr.rdma.rkey = wmr->rkey;
 		REQUIRE(shmv_test::post_send_sge(from, wr, d.sge(0, 8)) == 0);
 		struct ibv_wc wc[2] = {};
-		int got = 0;
-		for (int i = 0; i < 2000 && got < 2; i++) {
-			got += ibv_poll_cq(cq, 2 - got, wc + got);
-			if (got < 2)
-				std::this_thread::sleep_for(std::chrono::milliseconds(1));
-		}
-		REQUIRE(got == 2);
+		REQUIRE(poll_one(cq, wc[0]) == 1);
+		REQUIRE(poll_one(cq, wc[1]) == 1);
 		for (const struct ibv_wc &w : wc)
 			if (w.opcode & IBV_WC_RECV) {
 				CHECK(w.status == IBV_WC_SUCCESS);
