@@ -12,6 +12,7 @@
 #include "datapath.h"
 #include "device.h"
 #include "fork.h"
+#include "locks.h"
 #include "process.h"
 #include "segment.h"
 
@@ -456,13 +457,6 @@ bool disarm(shm::CqRing &ring, bool solicited)
 	ring.fired_ns[k % 4].store(cq_detail::monotonic_ns(), std::memory_order_relaxed);
 	ring.fired.fetch_add(1, std::memory_order_seq_cst); /* after the time */
 	return true;
-}
-
-void cpu_relax()
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
 }
 
 /*

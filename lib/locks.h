@@ -13,6 +13,14 @@
 
 namespace shmverbs {
 
+/* The pause of a spin-wait loop (lets the other hyperthread run). */
+inline void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
 /*
  * The lock of a QP's send queue, of its ibv_wr_start()..ibv_wr_complete()
  * batch and of its receive queue: taking it is one locked instruction (an
@@ -53,13 +61,10 @@ private:
 	void wait()
 	{
 		for (unsigned spins = 0; flag_.load(std::memory_order_relaxed); spins++) {
-			if (spins < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-				__builtin_ia32_pause();
-#endif
-			} else {
+			if (spins < 64)
+				cpu_relax();
+			else
 				sched_yield();
-			}
 		}
 	}
 	std::atomic<bool> flag_{false};
