@@ -6,6 +6,8 @@
  */
 #pragma once
 
+#include "copy_helper.h"
+
 #include <sys/uio.h>
 
 #include <cstddef>
@@ -23,7 +25,10 @@ namespace shmverbs {
 	char *d = static_cast<char *>(to);
 	const char *s = static_cast<const char *>(from);
 	if (n > 16) {
-		std::memcpy(d, s, n);
+		if (n >= copy_split_min) [[unlikely]]
+			copy_split(d, s, n);
+		else
+			std::memcpy(d, s, n);
 	} else if (n >= 8) {
 		uint64_t a, b;
 		std::memcpy(&a, s, 8);

@@ -75,6 +75,7 @@ void on_fork_child()
 	fork_child::remote_memory();
 	fork_child::mr_memory();
 	fork_child::contexts();
+	fork_child::copy_helper();
 }
 
 } // namespace

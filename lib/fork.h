@@ -128,6 +128,7 @@ void progress();      /* lib/progress.cpp */
 void remote_memory(); /* lib/remote_memory.cpp */
 void mr_memory();     /* lib/mr_memory.cpp */
 void contexts();      /* lib/context.cpp */
+void copy_helper();   /* lib/copy_helper.cpp */
 } // namespace fork_child
 
 } // namespace shmverbs

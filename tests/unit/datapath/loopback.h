@@ -43,6 +43,7 @@ struct Options {
 	uint32_t max_inline = 64;
 	int cqe = 64;
 	bool sq_sig_all = false;
+	size_t buf_bytes = buf_size;
 };
 
 struct Pair {
@@ -90,6 +91,7 @@ struct Pair {
 		REQUIRE(s.qp);
 		s.qpx = ibv_qp_to_qp_ex(s.qp);
 		REQUIRE(s.qpx);
+		s.buf.resize(opt.buf_bytes);
 		s.mr = ibv_reg_mr(pd, s.buf.data(), s.buf.size(),
 				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
 					  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);

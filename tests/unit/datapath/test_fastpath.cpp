@@ -10,11 +10,14 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <string>
 #include <thread>
@@ -1425,4 +1428,86 @@ TEST_CASE("fast path: UD SENDs follow QPs that move to the other port", "[.][2po
 	}
 	CHECK(ibv_destroy_ah(to_port1) == 0);
 	CHECK(ibv_destroy_ah(to_port2) == 0);
+}
+
+namespace {
+
+/* Whether a thread of this process has the name (/proc/self/task/N/comm). */
+bool has_thread_named(const char *name)
+{
+	for (const auto &task : std::filesystem::directory_iterator("/proc/self/task")) {
+		std::ifstream comm(task.path() / "comm");
+		std::string line;
+		if (std::getline(comm, line) && line == name)
+			return true;
+	}
+	return false;
+}
+
+} // namespace
+
+TEST_CASE("large WRITE, READ and SEND move every byte, the copy shared with a helper thread",
+	  "[fastpath][copy]")
+{
+	/* From 256 KiB a payload's copy is cut in chunks, half of them
+	 * copied by a helper thread on another CPU (lib/copy_helper.h).
+	 * An odd length, a fresh pattern every round: a chunk left out,
+	 * copied twice from the wrong place or late would show. */
+	constexpr size_t msg = (1u << 20) + 3;
+	loopback::Options o;
+	o.buf_bytes = 2 * msg + 64;
+	loopback::Pair p(o);
+	p.connect();
+	auto fill = [&](loopback::Side &s, size_t off, int round) {
+		for (size_t i = 0; i < msg; i++)
+			*s.at(off + i) = char(i * 7 + round * 131 + (i >> 12));
+	};
+	auto same = [&](loopback::Side &x, size_t xo, loopback::Side &y, size_t yo) {
+		return std::memcmp(x.at(xo), y.at(yo), msg) == 0;
+	};
+	struct ibv_wc wc{};
+	for (int round = 0; round < 6; round++) {
+		CAPTURE(round);
+		/* WRITE a[0..msg) to b at 5. */
+		fill(p.a, 0, round);
+		struct ibv_send_wr wr{};
+		wr.wr_id = 1;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.wr.rdma.remote_addr = p.b.addr(5);
+		wr.wr.rdma.rkey = p.b.mr->rkey;
+		REQUIRE(shmv_test::post_send_sge(p.a.qp, wr, {p.a.addr(0), uint32_t(msg), p.a.mr->lkey}) ==
+			0);
+		REQUIRE(p.wait_wc(p.a, wc));
+		REQUIRE(wc.status == IBV_WC_SUCCESS);
+		CHECK(same(p.a, 0, p.b, 5));
+		/* READ it back into a at msg + 9, after new bytes in b. */
+		fill(p.b, 5, round + 50);
+		wr.wr_id = 2;
+		wr.opcode = IBV_WR_RDMA_READ;
+		REQUIRE(shmv_test::post_send_sge(p.a.qp, wr,
+						 {p.a.addr(msg + 9), uint32_t(msg), p.a.mr->lkey}) == 0);
+		REQUIRE(p.wait_wc(p.a, wc));
+		REQUIRE(wc.status == IBV_WC_SUCCESS);
+		CHECK(same(p.a, msg + 9, p.b, 5));
+		/* SEND a[0..msg), new bytes again, into a receive at b's
+		 * msg + 20. */
+		fill(p.a, 0, round + 100);
+		REQUIRE(p.post_recv(p.b, 3, msg + 20, uint32_t(msg)) == 0);
+		wr = {};
+		wr.wr_id = 4;
+		wr.opcode = IBV_WR_SEND;
+		REQUIRE(shmv_test::post_send_sge(p.a.qp, wr, {p.a.addr(0), uint32_t(msg), p.a.mr->lkey}) ==
+			0);
+		REQUIRE(p.wait_wc(p.a, wc));
+		REQUIRE(wc.status == IBV_WC_SUCCESS);
+		REQUIRE(p.wait_wc(p.b, wc));
+		REQUIRE(wc.status == IBV_WC_SUCCESS);
+		CHECK(wc.byte_len == msg);
+		CHECK(same(p.a, 0, p.b, msg + 20));
+	}
+	cpu_set_t cpus;
+	REQUIRE(sched_getaffinity(0, sizeof(cpus), &cpus) == 0);
+	const bool helper_allowed = CPU_COUNT(&cpus) > 1 && !std::getenv("SHMVERBS_COPY_HELPER");
+	if (helper_allowed)
+		CHECK(has_thread_named("shmverbs-copy"));
 }
