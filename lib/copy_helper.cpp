@@ -172,12 +172,18 @@ bool wanted()
 	return more_than_one_cpu();
 }
 
-/* Starts the helper with every signal blocked: it takes none meant for the
- * application's threads. False when it cannot run. */
+/* Starts the helper with every signal blocked but those a fault raises: it
+ * takes no signal meant for the application's threads, and a chunk that
+ * faults (memory the application write-protects to track its writes, a
+ * page memshare is switching) runs the handler as the posting thread
+ * would; blocked, the kernel would kill the process. False when it cannot
+ * run. */
 bool start(Helper &h)
 {
 	sigset_t all, old;
 	sigfillset(&all);
+	for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL})
+		sigdelset(&all, sig);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
 	bool ok = true;
 	try {

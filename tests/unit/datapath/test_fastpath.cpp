@@ -11,6 +11,9 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1510,4 +1513,63 @@ TEST_CASE("large WRITE, READ and SEND move every byte, the copy shared with a he
 	const bool helper_allowed = CPU_COUNT(&cpus) > 1 && !std::getenv("SHMVERBS_COPY_HELPER");
 	if (helper_allowed)
 		CHECK(has_thread_named("shmverbs-copy"));
+}
+
+namespace {
+
+std::atomic<int> write_faults{0};
+
+/* A runtime's write tracking: the first write to a protected page faults,
+ * the handler notes it and lets the page be written. */
+void note_write(int, siginfo_t *si, void *)
+{
+	const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+	mprotect(reinterpret_cast<void *>(uintptr_t(si->si_addr) & ~(page - 1)), page,
+		 PROT_READ | PROT_WRITE);
+	write_faults.fetch_add(1, std::memory_order_relaxed);
+}
+
+} // namespace
+
+TEST_CASE("a large READ into write-protected memory runs the application's fault handler "
+	  "in each thread that copies",
+	  "[fastpath][copy]")
+{
+	/* Every page of the READ's destination is protected and faults once:
+	 * the pages the copy helper copies fault in the helper, which must
+	 * take the application's SIGSEGV handler as the posting thread does
+	 * (with SIGSEGV blocked there, the kernel kills the process). */
+	const size_t page = size_t(sysconf(_SC_PAGESIZE));
+	constexpr size_t msg = 1u << 20;
+	loopback::Options o;
+	o.buf_bytes = 2 * msg + 2 * page;
+	loopback::Pair p(o);
+	p.connect();
+	const size_t dst = msg + (page - uintptr_t(p.a.at(msg)) % page) % page;
+	struct sigaction track = {}, previous = {};
+	track.sa_sigaction = note_write;
+	track.sa_flags = SA_SIGINFO;
+	sigemptyset(&track.sa_mask);
+	REQUIRE(sigaction(SIGSEGV, &track, &previous) == 0);
+	struct ibv_wc wc{};
+	for (int round = 0; round < 4; round++) {
+		CAPTURE(round);
+		for (size_t i = 0; i < msg; i++)
+			*p.b.at(i) = char(i * 13 + round * 71 + (i >> 12));
+		write_faults = 0;
+		REQUIRE(mprotect(p.a.at(dst), msg, PROT_READ) == 0);
+		struct ibv_send_wr wr{};
+		wr.wr_id = 1;
+		wr.opcode = IBV_WR_RDMA_READ;
+		wr.wr.rdma.remote_addr = p.b.addr(0);
+		wr.wr.rdma.rkey = p.b.mr->rkey;
+		REQUIRE(shmv_test::post_send_sge(p.a.qp, wr,
+						 {p.a.addr(dst), uint32_t(msg), p.a.mr->lkey}) == 0);
+		REQUIRE(p.wait_wc(p.a, wc));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		CHECK(write_faults.load() == int(msg / page));
+		CHECK(std::memcmp(p.a.at(dst), p.b.at(0), msg) == 0);
+	}
+	mprotect(p.a.at(dst), msg, PROT_READ | PROT_WRITE);
+	REQUIRE(sigaction(SIGSEGV, &previous, nullptr) == 0);
 }
